@@ -83,22 +83,25 @@ def finish_average_(tensor: torch.Tensor, op: str, world_size: int) -> None:
 class Chunks:
     """The pieces a schedule's chunk indices refer to.
 
-    Either one flat tensor cut by :func:`chunk_bounds` (in-place collectives:
-    a run of chunks is then one contiguous slice), or a list of tensors, one
-    per chunk (all-to-all, lists of uneven tensors).
+    Either one flat tensor cut at ``bounds`` (a run of chunks is then one
+    contiguous slice, sent as one message), or a list of separate tensors,
+    one per chunk (all-to-all).
     """
 
-    def __init__(self, pieces: Sequence[torch.Tensor], flat: torch.Tensor | None = None):
+    def __init__(self, pieces: Sequence[torch.Tensor], flat=None, bounds=None):
         self.pieces = list(pieces)
         self.flat = flat
+        self.bounds = bounds
 
     @classmethod
-    def of_flat(cls, flat: torch.Tensor, n_chunks: int) -> Chunks:
+    def of_flat(cls, flat: torch.Tensor, bounds: Sequence[tuple[int, int]]) -> Chunks:
         flat = flat.view(-1)
-        bounds = chunk_bounds(flat.numel(), n_chunks)
-        chunks = cls([flat[a:b] for a, b in bounds], flat)
-        chunks.bounds = bounds
-        return chunks
+        return cls([flat[a:b] for a, b in bounds], flat, list(bounds))
+
+    @classmethod
+    def split(cls, flat: torch.Tensor, n_chunks: int) -> Chunks:
+        """Cut ``flat`` into ``n_chunks`` near-equal pieces (:func:`chunk_bounds`)."""
+        return cls.of_flat(flat, chunk_bounds(flat.numel(), n_chunks))
 
     @classmethod
     def of_list(cls, tensors: Sequence[torch.Tensor]) -> Chunks:

@@ -27,6 +27,7 @@ Example: ring all-reduce on 3 ranks is 2 * (3 - 1) = 4 steps::
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -165,3 +166,43 @@ def merge_parallel(*step_lists: Sequence[Step]) -> tuple[Step, ...]:
     for i in range(length):
         merged.append(tuple(t for steps in step_lists if i < len(steps) for t in steps[i]))
     return tuple(merged)
+
+
+def trace(schedule: Schedule) -> list[list[list[Counter]]]:
+    """Play a schedule symbolically: which ranks' data each chunk holds after each step.
+
+    Returns ``states``: ``states[s][r][c]`` is a Counter of contributions in
+    chunk ``c`` of rank ``r`` after ``s`` steps (``states[0]`` is the start).
+    A contribution is the rank it came from (for all-to-all: ``(rank, block)``).
+    A Counter, not a set, so an algorithm that adds a value twice is caught.
+    Used by the tests (every algorithm ends in the right state) and by the
+    step-by-step players in :mod:`distlab.viz`.
+    """
+    n, k = schedule.world_size, schedule.n_chunks
+    state = [[_start(schedule, r, c) for c in range(k)] for r in range(n)]
+    out = [[Counter() for _ in range(k)] for _ in range(n)] if schedule.out_of_place else state
+    states = [_snapshot(out)]
+    for step in schedule.steps:
+        sent = [(t, [Counter(state[t.src][c]) for c in t.chunks]) for t in step]
+        for t, payload in sent:
+            for c, data in zip(t.landing, payload):
+                if t.reduce:
+                    out[t.dst][c] += data
+                else:
+                    out[t.dst][c] = data
+        states.append(_snapshot(out))
+    return states
+
+
+def _start(schedule: Schedule, rank: int, chunk: int) -> Counter:
+    if schedule.collective == "all_to_all":
+        return Counter([(rank, chunk)])
+    if schedule.collective == "all_gather":
+        return Counter([rank]) if chunk == rank else Counter()
+    if schedule.collective == "broadcast":
+        return Counter([rank]) if rank == schedule.root else Counter()
+    return Counter([rank])
+
+
+def _snapshot(state: list[list[Counter]]) -> list[list[Counter]]:
+    return [[Counter(c) for c in row] for row in state]

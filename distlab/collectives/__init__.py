@@ -1,0 +1,72 @@
+"""Collective algorithms written from scratch on ``torch.distributed`` send/recv.
+
+Each algorithm is a :class:`~distlab.collectives.schedule.Schedule` (data:
+which chunks move where, step by step) plus one shared executor. The public
+functions mirror ``torch.distributed`` (tensor in place, ``op``, ``group``)
+and are named ``<algorithm>_<collective>``.
+
+Importing this package does not import torch: the schedule builders are
+pure Python (the simulator uses them); torch is loaded when a collective runs.
+"""
+
+from __future__ import annotations
+
+from .all_to_all import all_to_all, all_to_all_schedule
+from .halving_doubling import halving_doubling_all_reduce, halving_doubling_all_reduce_schedule
+from .hierarchical import hierarchical_all_reduce, hierarchical_all_reduce_schedule
+from .naive import naive_all_reduce, naive_all_reduce_schedule
+from .ring import (
+    ring_all_gather,
+    ring_all_gather_schedule,
+    ring_all_reduce,
+    ring_all_reduce_schedule,
+    ring_reduce_scatter,
+    ring_reduce_scatter_schedule,
+)
+from .schedule import Schedule, Transfer, chunk_bounds
+from .tree import (
+    double_binary_tree_all_reduce,
+    double_binary_tree_all_reduce_schedule,
+    tree_all_reduce,
+    tree_all_reduce_schedule,
+    tree_broadcast,
+    tree_broadcast_schedule,
+    tree_reduce,
+    tree_reduce_schedule,
+)
+
+#: Public collective name -> schedule builder (world_size, ...) -> Schedule.
+SCHEDULES = {
+    "ring_reduce_scatter": ring_reduce_scatter_schedule,
+    "ring_all_gather": ring_all_gather_schedule,
+    "ring_all_reduce": ring_all_reduce_schedule,
+    "tree_reduce": tree_reduce_schedule,
+    "tree_broadcast": tree_broadcast_schedule,
+    "tree_all_reduce": tree_all_reduce_schedule,
+    "double_binary_tree_all_reduce": double_binary_tree_all_reduce_schedule,
+    "halving_doubling_all_reduce": halving_doubling_all_reduce_schedule,
+    "hierarchical_all_reduce": hierarchical_all_reduce_schedule,
+    "all_to_all": all_to_all_schedule,
+    "naive_all_reduce": naive_all_reduce_schedule,
+}
+
+#: The all-reduce algorithms, by short name (used by DDP and the benchmark).
+ALL_REDUCE = {
+    "ring": ring_all_reduce,
+    "tree": tree_all_reduce,
+    "double_binary_tree": double_binary_tree_all_reduce,
+    "halving_doubling": halving_doubling_all_reduce,
+    "naive": naive_all_reduce,
+}
+
+__all__ = [
+    "SCHEDULES", "ALL_REDUCE", "Schedule", "Transfer", "chunk_bounds", "count_traffic",
+    *sorted(n for n in SCHEDULES), *sorted(f"{n}_schedule" for n in SCHEDULES),
+]
+
+
+def count_traffic():
+    """Context manager counting the bytes this rank sends (see executor.count_traffic)."""
+    from .executor import count_traffic as _count
+
+    return _count()

@@ -1,0 +1,143 @@
+"""Make every rank agree that a collective's inputs match, before moving data.
+
+If rank 0 passes 10 elements and rank 1 passes 12, a naive implementation
+hangs (one side waits for bytes that never come) or fails on one rank while
+the others wait forever. So every distlab collective first exchanges a small
+*header* (dtype, op, sizes, and any local problem such as a non-contiguous
+tensor) with every other rank, and all ranks raise the same clear error when
+something is off.
+
+The exchange is a dissemination (Bruck) all-gather of the headers: in round
+``k`` rank ``r`` sends what it knows to rank ``r - 2^k`` and receives from
+``r + 2^k``; after ``ceil(log2 n)`` rounds everyone has every header. It costs
+``ceil(log2 n)`` small messages per collective (Bruck et al. 1997).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from .executor import SUPPORTED_DTYPES, global_rank, group_info, op_name
+
+_OPS = ("sum", "avg", "product", "max", "min")
+PROBLEMS = {
+    1: "its tensor is not contiguous (call .contiguous() first)",
+    2: "its dtype is not supported (allowed: " + ", ".join(str(d) for d in SUPPORTED_DTYPES) + ")",
+    3: "its reduce op is not supported (allowed: ReduceOp.SUM, AVG, PRODUCT, MAX, MIN)",
+    4: "ReduceOp.AVG needs a floating-point tensor (integer averages are not exact)",
+    5: "its list of tensors does not have one tensor per rank",
+    6: "its output tensor has the wrong number of elements",
+    7: "its tensors do not all have the same dtype",
+    8: "its root rank is outside the group",
+}
+
+
+def describe(tensor: torch.Tensor) -> list[int]:
+    """dtype code, numel and shape (up to 6 dims) of a tensor, as integers."""
+    dtype = dtype_code(tensor)
+    shape = list(tensor.shape)[:6]
+    return [dtype, tensor.numel(), tensor.dim(), *shape, *([-1] * (6 - len(shape)))]
+
+
+def dtype_code(tensor: torch.Tensor) -> int:
+    """Index of the tensor's dtype in SUPPORTED_DTYPES, or -1."""
+    return SUPPORTED_DTYPES.index(tensor.dtype) if tensor.dtype in SUPPORTED_DTYPES else -1
+
+
+def local_problem(tensors: list[torch.Tensor], op=None, *, reduces: bool = True) -> tuple[int, int]:
+    """(problem code, op code) for this rank's inputs; code 0 means fine."""
+    try:
+        name = op_name(op) if reduces else "sum"
+        op_code = _OPS.index(name)
+    except ValueError:
+        return 3, -1
+    for t in tensors:
+        if not t.is_contiguous():
+            return 1, op_code
+        if t.dtype not in SUPPORTED_DTYPES:
+            return 2, op_code
+        if t.dtype != tensors[0].dtype:
+            return 7, op_code
+        if reduces and name == "avg" and not t.is_floating_point():
+            return 4, op_code
+    return 0, op_code
+
+
+def all_gather_headers(header: list[int], group, device: torch.device) -> list[list[int]]:
+    """Every rank's ``header`` (all the same length), in rank order, using only send/recv."""
+    rank, n = group_info(group)
+    width = len(header)
+    known = torch.tensor([header], dtype=torch.int64, device=device)  # rows: ranks r, r+1, ...
+    distance = 1
+    while distance < n:
+        count = min(distance, n - distance)
+        incoming = torch.empty((count, width), dtype=torch.int64, device=device)
+        ops = [
+            dist.P2POp(dist.irecv, incoming, global_rank(group, (rank + distance) % n), group),
+            dist.P2POp(dist.isend, known[:count].contiguous(), global_rank(group, (rank - distance) % n), group),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        known = torch.cat([known, incoming])
+        distance *= 2
+    rows = known.tolist()  # row i holds rank (rank + i) % n
+    return [rows[(r - rank) % n] for r in range(n)]
+
+
+def check_agreement(
+    name: str,
+    group,
+    device: torch.device,
+    problem: int,
+    op_code: int,
+    sizes: list[int],
+    *,
+    same_on_all_ranks: bool = True,
+    explain: Callable[[list[int]], str] | None = None,
+) -> list[list[int]]:
+    """Exchange headers and raise the same ``ValueError`` on every rank if inputs disagree.
+
+    ``sizes`` is whatever must match across ranks (dtype, numel, shape), or,
+    with ``same_on_all_ranks=False``, per-peer sizes the caller checks itself.
+    Returns all headers (rows: problem, op, *sizes) for such extra checks.
+    """
+    explain = explain or explain_tensor
+    _, n = group_info(group)
+    if n == 1:
+        if problem:
+            raise ValueError(f"{name}: rank 0: {PROBLEMS[problem]}")
+        return [[problem, op_code, *sizes]]
+    headers = all_gather_headers([problem, op_code, *sizes], group, device)
+    for r, row in enumerate(headers):
+        if row[0]:
+            raise ValueError(f"{name}: rank {r}: {PROBLEMS[row[0]]}")
+    for r, row in enumerate(headers):
+        if row[1] != headers[0][1]:
+            raise ValueError(
+                f"{name}: ranks disagree on the reduce op: rank 0 uses {_OPS[headers[0][1]]}, "
+                f"rank {r} uses {_OPS[row[1]]}"
+            )
+        if same_on_all_ranks and row[2:] != headers[0][2:]:
+            raise ValueError(
+                f"{name}: tensors differ across ranks: rank 0 has {explain(headers[0][2:])}, "
+                f"rank {r} has {explain(row[2:])}"
+            )
+    return headers
+
+
+def _dtype_name(code: int) -> str:
+    return str(SUPPORTED_DTYPES[code]) if 0 <= code < len(SUPPORTED_DTYPES) else "unsupported"
+
+
+def explain_tensor(sizes: list[int]) -> str:
+    """Readable form of a :func:`describe` header."""
+    dtype, numel, ndim, *shape = sizes[:9]
+    return f"dtype {_dtype_name(dtype)}, {numel} elements, shape {tuple(shape[:ndim])}"
+
+
+def explain_chunks(sizes: list[int]) -> str:
+    """Readable form of a ``[dtype, size of block 0, size of block 1, ...]`` header."""
+    return f"dtype {_dtype_name(sizes[0])}, block sizes {sizes[1:]}"

@@ -1,0 +1,407 @@
+"""Run a function on N real processes, from a notebook cell or a script.
+
+``run(fn, world_size)`` is what ``torchrun`` does for a script, shrunk to
+fit in a Jupyter cell:
+
+1. the parent opens a rendezvous point, a ``torch.distributed.TCPStore`` on a
+   free port that the operating system picks (so parallel runs never
+   collide), and sets ``MASTER_ADDR``/``MASTER_PORT`` for the workers;
+2. it ships ``fn`` *by value* to ``world_size`` worker processes with
+   cloudpickle (a function defined in a notebook cell has no importable
+   module, so plain pickle cannot send it);
+3. each worker calls ``init_process_group(backend, rank=r, world_size=n)``
+   against that store, runs ``fn(rank, world_size, *args)`` and sends back
+   its return value, or its traceback if it raised;
+4. the parent prints each rank's output prefixed with ``[rank r]``, returns
+   the results in rank order, and if any rank fails (or the job runs past
+   ``timeout``) kills every worker and raises one error naming the rank.
+
+Workers stay warm between runs (torch already imported), so the second
+launch in a notebook costs a fraction of a second; ``warm=False`` starts
+fresh processes and ``shutdown()`` stops the pool.
+
+Under ``torchrun`` the same worker code runs unchanged: call :func:`init`
+at the top of the script and then ``fn(rank, world_size)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+
+import cloudpickle
+
+DEFAULT_TIMEOUT = 120.0
+_MAX_IDLE_WORKERS = 8
+
+
+class RankError(RuntimeError):
+    """A rank raised. ``rank`` is the first rank that failed; ``remote_traceback`` its traceback."""
+
+    def __init__(self, rank: int, remote_traceback: str, exc_type: str):
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        self.exc_type = exc_type
+        super().__init__(
+            f"rank {rank} failed with {exc_type}; every rank was stopped.\n"
+            f"--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}"
+        )
+
+
+class LaunchTimeoutError(TimeoutError):
+    """The job ran past its timeout (often a deadlock: a rank waits for a message never sent)."""
+
+
+# ------------------------------------------------------------------ worker ---
+class _RankOutput:
+    """stdout/stderr inside a worker: sends whole lines to the parent, so the
+    lines of different ranks never mix."""
+
+    def __init__(self, conn: Connection, lock: threading.Lock, stream: str):
+        self.conn, self.lock, self.stream = conn, lock, stream
+        self.buffer = ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        if "\n" in self.buffer:
+            complete, _, self.buffer = self.buffer.rpartition("\n")
+            self._send(complete + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.buffer:
+            self._send(self.buffer)
+            self.buffer = ""
+
+    def _send(self, text: str) -> None:
+        with self.lock:
+            self.conn.send(("out", self.stream, text))
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # No orphans: if the notebook kernel dies, its workers exit too.
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def _worker_main(conn: Connection, parent_pid: int) -> None:
+    """Loop: receive a job, run it, send the result. Runs in the spawned process."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    import torch.distributed as dist  # the expensive import, paid once per worker
+
+    lock = threading.Lock()
+    conn.send(("ready",))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        saved = sys.stdout, sys.stderr
+        sys.stdout = _RankOutput(conn, lock, "stdout")
+        sys.stderr = _RankOutput(conn, lock, "stderr")
+        try:
+            result = _run_job(dist, job)
+            payload = ("ok", cloudpickle.dumps(result))
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+            payload = ("error", type(exc).__name__, traceback.format_exc())
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.stdout, sys.stderr = saved
+        with lock:
+            conn.send(payload)
+        if payload[0] == "error":
+            return  # a failed worker is not reused: its process group state is unknown
+
+
+def _run_job(dist, job: dict):
+    rank, world_size = job["rank"], job["world_size"]
+    os.environ.update(
+        MASTER_ADDR=job["host"],
+        MASTER_PORT=str(job["port"]),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    fn, args = cloudpickle.loads(job["payload"])
+    timeout = timedelta(seconds=job["timeout"])
+    store = dist.TCPStore(job["host"], job["port"], world_size, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(job["prefix"], store)
+    kwargs = {}
+    if job["backend"] == "nccl":
+        import torch
+
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(
+        job["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
+    )
+    try:
+        return fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ parent ---
+@dataclass
+class _Worker:
+    process: subprocess.Popen
+    conn: Connection
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
+            pass
+        self.conn.close()
+
+
+_idle: list[_Worker] = []
+_pool_lock = threading.Lock()
+
+
+def _start_worker() -> _Worker:
+    """Start one worker with a plain ``python -c`` (not multiprocessing's spawn,
+    which would re-import the caller's ``__main__`` script)."""
+    parent_sock, child_sock = socket.socketpair()
+    code = "import sys; from distlab.launch import _worker_entry; _worker_entry(int(sys.argv[1]), int(sys.argv[2]))"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(child_sock.fileno()), str(os.getpid())],
+        pass_fds=(child_sock.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
+    child_sock.close()
+    return _Worker(process, Connection(parent_sock.detach()))
+
+
+def _worker_entry(fd: int, parent_pid: int) -> None:
+    _worker_main(Connection(fd), parent_pid)
+
+
+def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
+    with _pool_lock:
+        workers = []
+        if warm:
+            while _idle and len(workers) < n:
+                worker = _idle.pop()
+                if worker.process.poll() is None:
+                    workers.append(worker)
+                else:
+                    worker.kill()
+        fresh = [_start_worker() for _ in range(n - len(workers))]
+    for worker in fresh:  # wait until each new worker has imported torch
+        remaining = deadline - time.monotonic()
+        if not worker.conn.poll(max(remaining, 0)):
+            for w in workers + fresh:
+                w.kill()
+            raise LaunchTimeoutError("worker processes did not start before the timeout")
+        try:
+            worker.conn.recv()
+        except EOFError:
+            for w in workers + fresh:
+                w.kill()
+            raise RuntimeError(
+                "a worker process died while starting (is distlab importable by "
+                f"{sys.executable}?)"
+            ) from None
+    return workers + fresh
+
+
+def _return_workers(workers: list[_Worker]) -> None:
+    with _pool_lock:
+        for worker in workers:
+            if len(_idle) < _MAX_IDLE_WORKERS and worker.process.poll() is None:
+                _idle.append(worker)
+            else:
+                worker.kill()
+
+
+def shutdown() -> None:
+    """Stop the warm worker pool (``run`` starts a new one when needed)."""
+    with _pool_lock:
+        while _idle:
+            worker = _idle.pop()
+            try:
+                worker.conn.send(None)
+            except OSError:
+                pass
+            worker.kill()
+
+
+atexit.register(shutdown)
+
+
+def _check_arguments(fn, world_size: int, backend: str, timeout: float) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPUs), got {backend!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < world_size:
+            raise ValueError(
+                f"backend='nccl' gives each rank its own GPU: {world_size} ranks need "
+                f"{world_size} GPUs but {gpus} {'is' if gpus == 1 else 'are'} visible. "
+                "Use backend='gloo' to run on the CPU."
+            )
+
+
+def run(
+    fn,
+    world_size: int,
+    *,
+    backend: str = "gloo",
+    args: tuple = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    warm: bool = True,
+    show_output: bool = True,
+) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
+
+    Each process has a ``torch.distributed`` process group initialised with
+    ``backend`` (``"gloo"`` on CPU; ``"nccl"`` gives rank ``r`` GPU ``r``).
+    Output printed by a rank appears prefixed with ``[rank r]``.
+
+    Raises :class:`RankError` (naming the first rank that failed, with its
+    traceback) if any rank raises or dies, and :class:`LaunchTimeoutError`
+    if the job runs past ``timeout`` seconds; in both cases every worker of
+    the job is killed first, so nothing is left behind.
+    """
+    _check_arguments(fn, world_size, backend, timeout)
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout
+    payload = cloudpickle.dumps((fn, tuple(args)))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=timeout),
+    )
+    workers = _take_workers(world_size, warm, deadline)
+    prefix = f"distlab-{os.getpid()}-{time.monotonic_ns()}/"
+    try:
+        for rank, worker in enumerate(workers):
+            worker.conn.send(
+                dict(rank=rank, world_size=world_size, backend=backend, host="127.0.0.1",
+                     port=store.port, prefix=prefix, payload=payload, timeout=timeout)
+            )
+        results = _collect(workers, deadline, timeout, show_output)
+    except BaseException:
+        for worker in workers:
+            worker.kill()
+        raise
+    finally:
+        del store
+    if warm:
+        _return_workers(workers)
+    else:
+        for worker in workers:
+            worker.conn.send(None)
+            worker.kill()
+    return results
+
+
+def _collect(workers: list[_Worker], deadline: float, timeout: float, show_output: bool) -> list:
+    """Wait for every rank's result, streaming output; raise on the first failure."""
+    results: list = [None] * len(workers)
+    pending = set(range(len(workers)))
+    rank_of = {w.conn: rank for rank, w in enumerate(workers)}
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise LaunchTimeoutError(
+                f"job timed out after {timeout:g} s; ranks {sorted(pending)} had not finished. "
+                "A common cause is a deadlock: a rank waiting for a message that is never "
+                "sent (mismatched send/recv, or a collective that not every rank calls)."
+            )
+        for conn in wait([workers[r].conn for r in pending], timeout=remaining):
+            rank = rank_of[conn]
+            try:
+                message = conn.recv()
+            except EOFError:  # the process is gone without a word
+                code = workers[rank].process.wait()
+                raise RankError(
+                    rank,
+                    f"process exited with code {code} before returning a result "
+                    "(killed, out of memory, or a crash in native code)",
+                    "ProcessDied",
+                ) from None
+            if message[0] == "out":
+                if show_output:
+                    _print_rank_output(rank, message[1], message[2])
+            elif message[0] == "ok":
+                results[rank] = cloudpickle.loads(message[1])
+                pending.discard(rank)
+            elif message[0] == "error":
+                raise RankError(rank, message[2], message[1])
+    return results
+
+
+_line_start: dict[tuple[int, str], bool] = {}
+
+
+def _print_rank_output(rank: int, stream: str, text: str) -> None:
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    out = []
+    for piece in text.splitlines(keepends=True):
+        if _line_start.get((rank, stream), True):
+            out.append(f"[rank {rank}] ")
+        out.append(piece)
+        _line_start[(rank, stream)] = piece.endswith("\n")
+    target.write("".join(out))
+    target.flush()
+
+
+# --------------------------------------------------------------- torchrun ---
+def init(backend: str | None = None, timeout: float = 1800.0) -> tuple[int, int]:
+    """Initialise the process group from ``torchrun``'s environment; return ``(rank, world_size)``.
+
+    torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``. The backend defaults to NCCL when CUDA is available (each
+    process then uses GPU ``LOCAL_RANK``) and to gloo otherwise.
+    """
+    import torch
+    import torch.distributed as dist
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"distlab.init() reads the environment set by torchrun, but {missing} "
+            "are not set. Start the script with `torchrun --nproc-per-node N script.py`, "
+            "or use distlab.run(fn, N) from Python."
+        )
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    kwargs = {}
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        kwargs["device_id"] = torch.device("cuda", local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **kwargs)
+    return dist.get_rank(), dist.get_world_size()
+
