@@ -140,6 +140,8 @@ def _run_job(dist, job: dict):
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
     )
+    os.chdir(job["cwd"])  # relative paths mean the same as in the caller
+    sys.path[:] = job["sys_path"]  # so functions pickled by reference (from a module) resolve
     fn, args = cloudpickle.loads(job["payload"])
     timeout = timedelta(seconds=job["timeout"])
     store = dist.TCPStore(job["host"], job["port"], world_size, is_master=False, timeout=timeout)
@@ -307,7 +309,8 @@ def run(
         for rank, worker in enumerate(workers):
             worker.conn.send(
                 dict(rank=rank, world_size=world_size, backend=backend, host="127.0.0.1",
-                     port=store.port, prefix=prefix, payload=payload, timeout=timeout)
+                     port=store.port, prefix=prefix, payload=payload, timeout=timeout,
+                     cwd=os.getcwd(), sys_path=list(sys.path))
             )
         results = _collect(workers, deadline, timeout, show_output)
     except BaseException:

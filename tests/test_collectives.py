@@ -1,0 +1,221 @@
+"""distlab's collectives on real gloo processes, checked against torch.distributed's built-ins.
+
+Each world size is one launch; inside it every rank runs a grid of
+(algorithm, element count, dtype, op) cases and compares its result with
+the built-in collective on the same input (and with a float64 reference
+for low-precision dtypes, whose rounding depends on the summation order).
+"""
+
+import pytest
+import torch
+
+import distlab
+
+WORLD_SIZES = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def _grid_worker(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from distlab.collectives import ALL_REDUCE, hierarchical_all_reduce
+
+    algorithms = dict(ALL_REDUCE)
+    algorithms["hierarchical_2"] = lambda t, op: hierarchical_all_reduce(t, op, ranks_per_node=2)
+    if world_size % 2 == 0:
+        algorithms["hierarchical_shard_2"] = lambda t, op: hierarchical_all_reduce(
+            t, op, ranks_per_node=2, variant="shard"
+        )
+    cases = [
+        (torch.float32, "sum"), (torch.float32, "avg"), (torch.float32, "max"), (torch.float32, "min"),
+        (torch.float64, "sum"), (torch.bfloat16, "sum"), (torch.int64, "sum"), (torch.int64, "max"),
+        (torch.int64, "product"),
+    ]
+    builtin_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                  "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
+    failures = []
+    checked = 0
+    for numel in [0, 1, world_size + 1, 1000]:
+        for dtype, op in cases:
+            g = torch.Generator().manual_seed(1000 * rank + numel)
+            if dtype.is_floating_point:
+                x = (torch.randn(numel, generator=g, dtype=torch.float64) * 3).to(dtype)
+            elif op == "product":
+                x = torch.randint(1, 3, (numel,), generator=g, dtype=dtype)
+            else:
+                x = torch.randint(-50, 50, (numel,), generator=g, dtype=dtype)
+            expected = x.clone()
+            dist.all_reduce(expected, builtin_op[op])
+            if op == "avg":
+                expected /= world_size
+            exact = x.to(torch.float64, copy=True)
+            dist.all_reduce(exact, builtin_op[op])
+            if op == "avg":
+                exact /= world_size
+            for name, algorithm in algorithms.items():
+                got = x.clone()
+                algorithm(got, op)
+                checked += 1
+                if dtype.is_floating_point:
+                    eps = torch.finfo(dtype).eps
+                    size = abs(x.to(torch.float64)).clone()
+                    dist.all_reduce(size)
+                    ok = bool((got.to(torch.float64) - exact).abs().le(world_size * eps * size + 1e-12).all())
+                else:
+                    ok = torch.equal(got, expected)
+                if not ok:
+                    failures.append(f"{name} numel={numel} {dtype} {op}")
+    return checked, failures
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_all_reduce_algorithms_match_builtin(world_size):
+    results = distlab.run(_grid_worker, world_size, timeout=240)
+    for rank, (checked, failures) in enumerate(results):
+        assert checked > 100
+        assert failures == [], f"rank {rank}: {failures}"
+
+
+def _rs_ag_worker(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from distlab.collectives import all_to_all, ring_all_gather, ring_reduce_scatter, tree_broadcast, tree_reduce
+
+    n = world_size
+    # reduce-scatter, tensor form (like reduce_scatter_tensor)
+    x = torch.arange(3.0 * n) * (rank + 1)
+    out, ref = torch.empty(3), torch.empty(3)
+    ring_reduce_scatter(out, x)
+    dist.reduce_scatter(ref, list(x.chunk(n)))
+    assert torch.equal(out, ref), (out, ref)
+    # reduce-scatter, list form with uneven blocks; the input is left untouched
+    blocks = [torch.full((j + 1,), float(rank + j)) for j in range(n)]
+    before = [b.clone() for b in blocks]
+    out = torch.empty(rank + 1)
+    ring_reduce_scatter(out, blocks, op="avg")
+    assert all(torch.equal(a, b) for a, b in zip(blocks, before))
+    assert torch.allclose(out, torch.full((rank + 1,), sum(r + rank for r in range(n)) / n))
+    # all-gather into a tensor and into a list of uneven tensors
+    mine = torch.tensor([rank, rank + 0.5])
+    gathered = torch.empty(2 * n)
+    ring_all_gather(gathered, mine)
+    ref = [torch.empty(2) for _ in range(n)]
+    dist.all_gather(ref, mine)
+    assert torch.equal(gathered, torch.cat(ref))
+    uneven = [torch.empty(r + 1, dtype=torch.int64) for r in range(n)]
+    ring_all_gather(uneven, torch.full((rank + 1,), rank, dtype=torch.int64))
+    assert all(torch.equal(t, torch.full((r + 1,), r)) for r, t in enumerate(uneven))
+    # rooted: reduce to and broadcast from a root that is not 0
+    root = n - 1
+    y = torch.full((5,), float(rank + 1))
+    tree_reduce(y, dst=root, op="max")
+    if rank == root:
+        assert torch.equal(y, torch.full((5,), float(n)))
+    z = torch.arange(7, dtype=torch.int64) if rank == root else torch.zeros(7, dtype=torch.int64)
+    tree_broadcast(z, src=root)
+    assert torch.equal(z, torch.arange(7))
+    # all-to-all with uneven blocks: rank r sends j+r+1 elements to rank j
+    send = [torch.full((j + rank + 1,), 10 * rank + j) for j in range(n)]
+    recv = [torch.empty(rank + j + 1, dtype=torch.int64) for j in range(n)]
+    all_to_all(recv, send)
+    assert all(torch.equal(t, torch.full((rank + j + 1,), 10 * j + rank)) for j, t in enumerate(recv))
+    # even blocks: the same as gloo's built-in (which cannot do uneven ones)
+    send = [torch.arange(3) + 100 * rank + 10 * j for j in range(n)]
+    recv = [torch.empty(3, dtype=torch.int64) for _ in range(n)]
+    ref = [torch.empty(3, dtype=torch.int64) for _ in range(n)]
+    all_to_all(recv, send)
+    dist.all_to_all(ref, send)
+    assert all(torch.equal(a, b) for a, b in zip(recv, ref))
+    return True
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_reduce_scatter_all_gather_rooted_and_all_to_all(world_size):
+    assert distlab.run(_rs_ag_worker, world_size) == [True] * world_size
+
+
+def _subgroup_worker(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from distlab.collectives import ring_all_reduce
+
+    evens = dist.new_group([0, 2])
+    odds = dist.new_group([1, 3])
+    mine = evens if rank % 2 == 0 else odds
+    x = torch.tensor([float(rank)])
+    ring_all_reduce(x, group=mine)
+    return x.item()
+
+
+def test_collectives_respect_process_subgroups():
+    assert distlab.run(_subgroup_worker, 4) == [2.0, 4.0, 2.0, 4.0]
+
+
+def _bad_input_worker(rank, world_size, case):
+    import torch
+
+    from distlab.collectives import ring_all_reduce, ring_reduce_scatter, tree_all_reduce
+
+    try:
+        if case == "shape":
+            ring_all_reduce(torch.ones(10 if rank != 2 else 12))
+        elif case == "dtype_mismatch":
+            tree_all_reduce(torch.ones(4, dtype=torch.float32 if rank else torch.float64))
+        elif case == "non_contiguous":
+            t = torch.ones(4, 4)
+            ring_all_reduce(t.t() if rank == 1 else t)
+        elif case == "unsupported_dtype":
+            ring_all_reduce(torch.ones(3, dtype=torch.complex64 if rank == 0 else torch.float32))
+        elif case == "bad_op":
+            ring_all_reduce(torch.ones(3), op="median" if rank == 3 else "sum")
+        elif case == "int_avg":
+            ring_all_reduce(torch.ones(3, dtype=torch.int64), op="avg")
+        elif case == "rs_size":
+            ring_reduce_scatter(torch.empty(2), torch.ones(4 * world_size))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    "case,fragment",
+    [
+        ("shape", "rank 2 has dtype torch.float32, 12 elements"),
+        ("dtype_mismatch", "torch.float64"),
+        ("non_contiguous", "rank 1: its tensor is not contiguous"),
+        ("unsupported_dtype", "rank 0: its dtype is not supported"),
+        ("bad_op", "rank 3: its reduce op is not supported"),
+        ("int_avg", "ReduceOp.AVG needs a floating-point tensor"),
+        ("rs_size", "wrong number of elements"),
+    ],
+)
+def test_bad_input_fails_on_every_rank_without_hanging(case, fragment):
+    messages = distlab.run(_bad_input_worker, 4, args=(case,), timeout=60)
+    for message in messages:
+        assert fragment in message
+
+
+def _traffic_worker(rank, world_size):
+    import torch
+
+    from distlab.collectives import count_traffic, ring_all_reduce
+
+    x = torch.ones(1200)
+    with count_traffic() as traffic:
+        ring_all_reduce(x)
+    return traffic.bytes_sent, traffic.by_schedule
+
+
+def test_traffic_counter_sees_ring_bytes():
+    for sent, by_schedule in distlab.run(_traffic_worker, 4):
+        assert sent == 2 * 3 * 300 * 4  # 2(n-1) messages of N/n float32 elements
+        assert by_schedule == {"ring_all_reduce": sent}
+
+
+def test_collective_outside_a_process_group_says_how_to_start_one():
+    from distlab.collectives import ring_all_reduce
+
+    with pytest.raises(RuntimeError, match="distlab.run"):
+        ring_all_reduce(torch.ones(3))
