@@ -1,0 +1,209 @@
+"""The launcher: results in rank order, clean failures, no hangs, no orphans."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import distlab
+from distlab import launch
+
+
+def _children():
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
+
+
+def _idle_pids():
+    return {w.process.pid for w in launch._idle}
+
+
+def _rank_and_sum(rank, world_size, offset):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.tensor([float(rank)])
+    dist.all_reduce(x)
+    return rank + offset, x.item(), dist.get_backend()
+
+
+def test_results_come_back_in_rank_order():
+    results = distlab.run(_rank_and_sum, 3, args=(10,))
+    assert results == [(10, 3.0, "gloo"), (11, 3.0, "gloo"), (12, 3.0, "gloo")]
+
+
+def test_cold_and_warm_launches_agree():
+    assert distlab.run(_rank_and_sum, 2, args=(0,), warm=False) == distlab.run(
+        _rank_and_sum, 2, args=(0,)
+    )
+
+
+def test_a_function_defined_at_runtime_is_shipped_by_value():
+    namespace = {}
+    exec(
+        textwrap.dedent(
+            """
+            def cell_function(rank, world_size):
+                return f"{rank}/{world_size}"
+            """
+        ),
+        namespace,
+    )  # like a notebook cell: no importable module behind it
+    namespace["cell_function"].__module__ = "__main__"
+    assert distlab.run(namespace["cell_function"], 2) == ["0/2", "1/2"]
+
+
+def _prints(rank, world_size):
+    print(f"hello from {rank}")
+    print("two", "parts", flush=True)
+    return None
+
+
+def test_output_is_labelled_by_rank(capfd):
+    distlab.run(_prints, 2)
+    out = capfd.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank {rank}] hello from {rank}\n" in out
+        assert f"[rank {rank}] two parts\n" in out
+
+
+def _fails_on_rank_2(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 2:
+        raise ValueError("bad shard on rank 2")
+    x = torch.zeros(1)
+    dist.recv(x, src=2)  # would wait forever if the launcher did not stop the job
+
+
+def test_a_failing_rank_ends_the_job_with_its_traceback():
+    before = _children()
+    start = time.monotonic()
+    with pytest.raises(distlab.RankError) as info:
+        distlab.run(_fails_on_rank_2, 4, timeout=60)
+    assert time.monotonic() - start < 20
+    assert info.value.rank == 2
+    assert "ValueError: bad shard on rank 2" in str(info.value)
+    assert "_fails_on_rank_2" in info.value.remote_traceback
+    time.sleep(0.2)
+    assert _children() - before <= _idle_pids(), "workers of the failed job are still alive"
+
+
+def _deadlock(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(1)
+    dist.recv(x, src=(rank + 1) % world_size)  # everyone receives, nobody sends
+
+
+def test_a_deadlock_becomes_a_timeout_error_and_leaves_nothing_behind():
+    before = _children()
+    start = time.monotonic()
+    with pytest.raises(distlab.LaunchTimeoutError, match="deadlock"):
+        distlab.run(_deadlock, 2, timeout=4)
+    assert time.monotonic() - start < 15
+    time.sleep(0.2)
+    assert _children() - before <= _idle_pids()
+
+
+def _exits_hard(rank, world_size):
+    if rank == 1:
+        os._exit(3)
+    import time
+
+    time.sleep(30)
+
+
+def test_a_rank_that_dies_without_an_exception_is_reported():
+    with pytest.raises(distlab.RankError, match="exited with code 3"):
+        distlab.run(_exits_hard, 2, timeout=60)
+
+
+def test_cold_run_leaves_no_processes():
+    before = _children()
+    distlab.run(_rank_and_sum, 2, args=(0,), warm=False)
+    time.sleep(0.2)
+    assert _children() - before == set()
+
+
+def test_shutdown_stops_the_warm_pool():
+    distlab.run(_rank_and_sum, 2, args=(0,))
+    assert launch._idle
+    distlab.shutdown()
+    assert launch._idle == []
+
+
+def _store_port(rank, world_size):
+    return os.environ["MASTER_PORT"]
+
+
+def test_each_launch_gets_its_own_free_port():
+    ports = {distlab.run(_store_port, 2)[0] for _ in range(3)}
+    assert len(ports) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(world_size=0), "world_size must be a positive integer"),
+        (dict(world_size=2, backend="mpi"), "backend must be 'gloo'"),
+        (dict(world_size=2, timeout=0), "timeout must be > 0"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        distlab.run(_rank_and_sum, **kwargs)
+
+
+def test_nccl_without_enough_gpus_is_refused_clearly():
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 64:
+        pytest.skip("this machine has 64 GPUs")
+    with pytest.raises(ValueError, match="needs|need"):
+        distlab.run(_rank_and_sum, 64, backend="nccl")
+
+
+def test_init_outside_torchrun_explains_itself(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        distlab.init()
+
+
+TORCHRUN_SCRIPT = """
+import torch
+import distlab
+from distlab.collectives import ring_all_reduce
+
+
+def main(rank, world_size):
+    x = torch.full((10,), float(rank))
+    ring_all_reduce(x)
+    print(f"RESULT {rank} {world_size} {x[0].item()}")
+
+
+if __name__ == "__main__":
+    rank, world_size = distlab.init()
+    main(rank, world_size)
+"""
+
+
+def test_the_same_worker_code_runs_under_torchrun(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    result = subprocess.run(
+        [*torchrun, "--nproc-per-node", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+         str(script)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = sorted(re.findall(r"RESULT (\d) (\d) ([\d.]+)", result.stdout))  # ranks' lines may interleave
+    assert found == [(str(r), "3", "3.0") for r in range(3)]
