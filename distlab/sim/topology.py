@@ -9,7 +9,14 @@ A cluster here is hierarchical, as real training clusters are:
   share one NVLink switch fabric);
 * between nodes, each node has ``nics_per_node`` network cards (InfiniBand or
   Ethernet); a DGX gives every GPU its own NIC;
-* nodes sit in racks.
+* nodes sit in racks;
+* ``"bus"``: every GPU of a node shares one medium (a hub, or processes on one
+  laptop talking over loopback TCP): all messages inside the node share its
+  bandwidth.
+
+:meth:`ClusterSpec.route` says which link a message from GPU ``a`` to GPU ``b``
+uses and which *ports* it occupies; messages that occupy the same port at the
+same time share its bandwidth (the replay in :mod:`distlab.sim.replay`).
 
 Bandwidths are **bytes per second in one direction**; latencies are seconds.
 The alpha-beta model (Hockney) says a message of ``n`` bytes over a link costs
@@ -47,7 +54,9 @@ class Link:
         if self.alpha < 0:
             raise ValueError(f"link {self.name!r}: alpha must be >= 0 seconds, got {self.alpha}")
         if self.bandwidth <= 0:
-            raise ValueError(f"link {self.name!r}: bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+            raise ValueError(
+                f"link {self.name!r}: bandwidth must be > 0 bytes/s, got {self.bandwidth}"
+            )
 
     @property
     def beta(self) -> float:
@@ -59,12 +68,35 @@ class Link:
         return self.alpha + n_bytes / self.bandwidth
 
 
+#: Kinds of intra-node fabric a :class:`ClusterSpec` knows.
+INTRA_KINDS = ("switch", "pcie", "bus")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one message from GPU ``src`` to GPU ``dst`` travels.
+
+    ``kind``: ``"local"`` (same GPU, free), ``"nvlink"`` (through an NVSwitch /
+    NVLink domain), ``"pcie"`` (peer-to-peer under one PCIe switch),
+    ``"pcie-far"`` (between PCIe switches, across the CPU sockets), ``"bus"``
+    (a medium shared by the whole node) or ``"network"`` (NIC to NIC).
+    ``alpha``: the latency the message pays (s).
+    ``ports``: the shared resources it occupies, each ``(name, bytes/s)``.
+    Messages that occupy one port at the same time share its bandwidth.
+    """
+
+    kind: str
+    alpha: float
+    ports: tuple[tuple[str, float], ...]
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """A homogeneous GPU cluster.
 
     ``intra``: GPU-to-GPU link inside a node (inside an NVLink domain).
-    ``intra_kind``: ``"switch"`` (NVSwitch, full bisection) or ``"pcie"``.
+    ``intra_kind``: ``"switch"`` (NVSwitch, full bisection), ``"pcie"`` or
+    ``"bus"`` (one medium shared by every GPU of the node).
     ``far_intra``: for ``"pcie"`` boxes, the slower path between GPUs on
     different PCIe switches / CPU sockets (``gpus_per_pcie_switch`` apart).
     ``inter``: one NIC's link; ``nics_per_node`` of them per node.
@@ -86,14 +118,27 @@ class ClusterSpec:
     gpu_peak_flops: float = 312e12
 
     def __post_init__(self) -> None:
-        for field_name in ("nodes", "gpus_per_node", "nics_per_node", "nvlink_domain_nodes", "nodes_per_rack"):
+        for field_name in (
+            "nodes",
+            "gpus_per_node",
+            "nics_per_node",
+            "nvlink_domain_nodes",
+            "nodes_per_rack",
+        ):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"cluster {self.name!r}: {field_name} must be an integer >= 1, got {value!r}")
-        if self.intra_kind not in ("switch", "pcie"):
-            raise ValueError(f"cluster {self.name!r}: intra_kind must be 'switch' or 'pcie', got {self.intra_kind!r}")
+                raise ValueError(
+                    f"cluster {self.name!r}: {field_name} must be an integer >= 1, got {value!r}"
+                )
+        if self.intra_kind not in INTRA_KINDS:
+            raise ValueError(
+                f"cluster {self.name!r}: intra_kind must be one of {INTRA_KINDS}, "
+                f"got {self.intra_kind!r}"
+            )
         if self.intra_kind == "pcie" and (self.far_intra is None or not self.gpus_per_pcie_switch):
-            raise ValueError(f"cluster {self.name!r}: a 'pcie' node needs far_intra and gpus_per_pcie_switch")
+            raise ValueError(
+                f"cluster {self.name!r}: a 'pcie' node needs far_intra and gpus_per_pcie_switch"
+            )
 
     @property
     def world_size(self) -> int:
@@ -109,6 +154,86 @@ class ClusterSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    # -- where a GPU sits -------------------------------------------------
+    # GPUs are numbered 0 .. world_size - 1, node by node.
+
+    def _check_gpu(self, gpu: int) -> None:
+        if not isinstance(gpu, int) or not 0 <= gpu < self.world_size:
+            raise ValueError(
+                f"cluster {self.name!r}: GPU {gpu!r} does not exist; "
+                f"allowed: 0..{self.world_size - 1} ({self.nodes} nodes x {self.gpus_per_node})"
+            )
+
+    def node_of(self, gpu: int) -> int:
+        """The node that holds GPU ``gpu``."""
+        self._check_gpu(gpu)
+        return gpu // self.gpus_per_node
+
+    def nvlink_domain_of(self, gpu: int) -> int:
+        """The NVLink domain (group of ``nvlink_domain_nodes`` nodes) of ``gpu``."""
+        return self.node_of(gpu) // self.nvlink_domain_nodes
+
+    def pcie_switch_of(self, gpu: int) -> int:
+        """Index of the PCIe switch ``gpu`` sits under, inside its node (pcie boxes)."""
+        self._check_gpu(gpu)
+        return (gpu % self.gpus_per_node) // (self.gpus_per_pcie_switch or self.gpus_per_node)
+
+    def nic_of(self, gpu: int) -> int:
+        """The NIC ``gpu`` sends through: NICs are shared by consecutive GPUs.
+
+        With one NIC per GPU (DGX, rail-optimised) GPU ``i`` of a node uses NIC
+        ``i``; with fewer NICs, ``gpus_per_node / nics_per_node`` neighbours share one.
+        """
+        self._check_gpu(gpu)
+        local = gpu % self.gpus_per_node
+        return min(local * self.nics_per_node // self.gpus_per_node, self.nics_per_node - 1)
+
+    # -- which link a message uses -----------------------------------------
+
+    def link_class(self, src: int, dst: int) -> str:
+        """The kind of path between two GPUs (see :class:`Route`)."""
+        return self.route(src, dst).kind
+
+    def route(self, src: int, dst: int) -> Route:
+        """Which link a message from GPU ``src`` to GPU ``dst`` uses, and the ports it occupies.
+
+        * same GPU: ``local``, no cost;
+        * same NVLink domain with an NVSwitch: each GPU has its own full-bandwidth
+          port per direction, so the message occupies ``src``'s out-port and
+          ``dst``'s in-port only;
+        * ``pcie``, same PCIe switch: the two GPUs' x16 links;
+        * ``pcie``, different switches: the two x16 links plus the slower
+          ``far_intra`` path between the two switches (shared by every message
+          crossing it in that direction);
+        * ``bus``: one medium per node, shared by every message inside it;
+        * different nodes (domains): ``src``'s NIC out and ``dst``'s NIC in
+          (see :meth:`nic_of`); the GPU-to-NIC hop is assumed not to be the bottleneck.
+        """
+        self._check_gpu(src)
+        self._check_gpu(dst)
+        if src == dst:
+            return Route("local", 0.0, ())
+        node_s, node_d = src // self.gpus_per_node, dst // self.gpus_per_node
+        if self.intra_kind == "switch" and self.nvlink_domain_of(src) == self.nvlink_domain_of(dst):
+            bw = self.intra.bandwidth
+            return Route("nvlink", self.intra.alpha, ((f"gpu{src} out", bw), (f"gpu{dst} in", bw)))
+        if node_s != node_d or self.intra_kind == "switch":
+            bw = self.inter.bandwidth
+            out = f"node{node_s} nic{self.nic_of(src)} out"
+            into = f"node{node_d} nic{self.nic_of(dst)} in"
+            return Route("network", self.inter.alpha, ((out, bw), (into, bw)))
+        if self.intra_kind == "bus":
+            return Route("bus", self.intra.alpha, ((f"node{node_s} bus", self.intra.bandwidth),))
+        bw = self.intra.bandwidth
+        ends = ((f"gpu{src} pcie out", bw), (f"gpu{dst} pcie in", bw))
+        sw_s, sw_d = self.pcie_switch_of(src), self.pcie_switch_of(dst)
+        if sw_s == sw_d:
+            return Route("pcie", self.intra.alpha, ends)
+        far = self.far_intra
+        assert far is not None  # checked in __post_init__
+        cross = (f"node{node_s} pcie-switch{sw_s}->switch{sw_d}", far.bandwidth)
+        return Route("pcie-far", far.alpha, (ends[0], cross, ends[1]))
 
 
 def _link(d: dict | Link) -> Link:
@@ -158,28 +283,85 @@ ETH_100G = Link("100 Gb Ethernet (TCP)", alpha=30e-6, bandwidth=12.5 * GB)
 
 PRESETS: dict[str, ClusterSpec] = {
     "dgx-a100": ClusterSpec(
-        "dgx-a100", nodes=4, gpus_per_node=8, intra=NVLINK3, inter=IB_HDR, nics_per_node=8,
-        gpu_memory_bytes=80e9, gpu_peak_flops=312e12,
+        "dgx-a100",
+        nodes=4,
+        gpus_per_node=8,
+        intra=NVLINK3,
+        inter=IB_HDR,
+        nics_per_node=8,
+        gpu_memory_bytes=80e9,
+        gpu_peak_flops=312e12,
     ),
     "dgx-h100": ClusterSpec(
-        "dgx-h100", nodes=4, gpus_per_node=8, intra=NVLINK4, inter=IB_NDR, nics_per_node=8,
-        gpu_memory_bytes=80e9, gpu_peak_flops=989e12,
+        "dgx-h100",
+        nodes=4,
+        gpus_per_node=8,
+        intra=NVLINK4,
+        inter=IB_NDR,
+        nics_per_node=8,
+        gpu_memory_bytes=80e9,
+        gpu_peak_flops=989e12,
     ),
     "pcie-8gpu": ClusterSpec(
-        "pcie-8gpu", nodes=1, gpus_per_node=8, intra=PCIE4_NEAR, inter=ETH_100G, nics_per_node=1,
-        intra_kind="pcie", far_intra=PCIE4_FAR, gpus_per_pcie_switch=4,
-        gpu_memory_bytes=48e9, gpu_peak_flops=150e12,
+        "pcie-8gpu",
+        nodes=1,
+        gpus_per_node=8,
+        intra=PCIE4_NEAR,
+        inter=ETH_100G,
+        nics_per_node=1,
+        intra_kind="pcie",
+        far_intra=PCIE4_FAR,
+        gpus_per_pcie_switch=4,
+        gpu_memory_bytes=48e9,
+        gpu_peak_flops=150e12,
     ),
     "gb200-nvl72": ClusterSpec(
-        "gb200-nvl72", nodes=18, gpus_per_node=4, intra=NVLINK5, inter=IB_NDR, nics_per_node=4,
-        nvlink_domain_nodes=18, nodes_per_rack=18, gpu_memory_bytes=186e9, gpu_peak_flops=2500e12,
+        "gb200-nvl72",
+        nodes=18,
+        gpus_per_node=4,
+        intra=NVLINK5,
+        inter=IB_NDR,
+        nics_per_node=4,
+        nvlink_domain_nodes=18,
+        nodes_per_rack=18,
+        gpu_memory_bytes=186e9,
+        gpu_peak_flops=2500e12,
     ),
     "ethernet": ClusterSpec(
-        "ethernet", nodes=8, gpus_per_node=4, intra=PCIE4_NEAR, inter=ETH_100G, nics_per_node=1,
-        intra_kind="pcie", far_intra=PCIE4_FAR, gpus_per_pcie_switch=2,
-        gpu_memory_bytes=24e9, gpu_peak_flops=150e12,
+        "ethernet",
+        nodes=8,
+        gpus_per_node=4,
+        intra=PCIE4_NEAR,
+        inter=ETH_100G,
+        nics_per_node=1,
+        intra_kind="pcie",
+        far_intra=PCIE4_FAR,
+        gpus_per_pcie_switch=2,
+        gpu_memory_bytes=24e9,
+        gpu_peak_flops=150e12,
     ),
 }
+
+
+def uniform_cluster(n_gpus: int, link: Link, *, name: str = "uniform") -> ClusterSpec:
+    """``n_gpus`` GPUs behind one ideal switch, every port ``link``: the uniform
+    network the closed-form alpha-beta costs assume (each GPU can send and
+    receive one message at full bandwidth at the same time)."""
+    return ClusterSpec(name, nodes=1, gpus_per_node=n_gpus, intra=link, inter=link, nics_per_node=1)
+
+
+def shared_bus(n_gpus: int, link: Link, *, name: str = "shared-bus") -> ClusterSpec:
+    """``n_gpus`` on one shared medium of bandwidth ``link.bandwidth``: every
+    concurrent message divides it (processes on one laptop over loopback TCP)."""
+    return ClusterSpec(
+        name,
+        nodes=1,
+        gpus_per_node=n_gpus,
+        intra=link,
+        inter=link,
+        nics_per_node=1,
+        intra_kind="bus",
+    )
 
 
 def preset(name: str, *, nodes: int | None = None) -> ClusterSpec:
