@@ -1,0 +1,32 @@
+"""Placement: put parallel jobs on GPU clusters, one by hand or many with a scheduler.
+
+* :func:`rank_groups`: the process groups of a tp x cp x dp x pp (x ep) job, Megatron-core's convention;
+* :func:`place`, :class:`Placement`: rank -> (node, GPU), checked, explained and scored;
+* :func:`compare_placements`: hierarchical vs rank order vs TP outermost vs random.
+
+Pure Python plus numpy; no torch.
+"""
+
+from __future__ import annotations
+
+from .cluster import nvlink_group_limit, resolve_cluster
+from .groups import DEFAULT_ORDER, rank_groups
+from .jobs import Job, Workload
+from .placer import STRATEGIES, Placement, compare_placements, place
+from .score import CommScore, DimensionCost, comm_volumes
+
+__all__ = [
+    "DEFAULT_ORDER",
+    "STRATEGIES",
+    "CommScore",
+    "DimensionCost",
+    "Job",
+    "Placement",
+    "Workload",
+    "comm_volumes",
+    "compare_placements",
+    "nvlink_group_limit",
+    "place",
+    "rank_groups",
+    "resolve_cluster",
+]

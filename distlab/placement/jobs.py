@@ -1,0 +1,143 @@
+"""A training job as the placer and the scheduler see it: its parallel shape and its life.
+
+:class:`Workload` is the model and batch the communication score needs
+(layers, hidden size, sequence length, micro-batches); :class:`Job` adds the
+parallel degrees, and what the scheduler needs: priority, submit time, run
+time, checkpoint interval and costs, and whether data parallelism is elastic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .groups import DEFAULT_ORDER, check_degrees, parse_order
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model and batch that set communication volumes (defaults: a 7B-class GPT).
+
+    ``n_params`` defaults to the transformer blocks' ``12 * layers * hidden**2``
+    (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+    GPU Clusters Using Megatron-LM", Section 5.1, without embeddings).
+    ``micro_batches`` is per data-parallel replica per step;
+    ``bytes_per_value`` = 2 for bf16 activations and gradients.
+    """
+
+    layers: int = 32
+    hidden: int = 4096
+    seq_len: int = 4096
+    micro_batch: int = 1
+    micro_batches: int = 8
+    n_params: float | None = None
+    bytes_per_value: int = 2
+
+    def __post_init__(self) -> None:
+        for name in (
+            "layers",
+            "hidden",
+            "seq_len",
+            "micro_batch",
+            "micro_batches",
+            "bytes_per_value",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Workload.{name} must be an integer >= 1, got {value!r}")
+        if self.n_params is not None and not self.n_params > 0:
+            raise ValueError(f"Workload.n_params must be > 0, got {self.n_params!r}")
+
+    @property
+    def params(self) -> float:
+        """Parameter count: ``n_params`` or ``12 * layers * hidden**2``."""
+        return self.n_params if self.n_params is not None else 12 * self.layers * self.hidden**2
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job: parallel degrees plus what a scheduler needs to know.
+
+    ``world_size = tp * cp * dp * pp`` GPUs; ``ep`` re-splits ``cp * dp`` for the
+    MoE layers (Megatron-core convention, see :mod:`distlab.placement.groups`).
+    ``order``: rank layout (first name varies fastest); ``None`` lets
+    :func:`~distlab.placement.place` choose.
+
+    Scheduling (seconds): ``duration_s`` of work at full data parallelism,
+    a checkpoint every ``checkpoint_interval_s`` of work costing ``checkpoint_s``,
+    ``restart_s`` to resume from a checkpoint. ``elastic``: when GPUs are lost
+    the job may shrink ``dp`` (not below ``min_dp``) and continue, and grows back later.
+    Higher ``priority`` wins.
+    """
+
+    name: str = "job"
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    order: str | None = None
+    workload: Workload = field(default_factory=Workload)
+    priority: int = 0
+    submit_s: float = 0.0
+    duration_s: float = 3600.0
+    checkpoint_interval_s: float = 1800.0
+    checkpoint_s: float = 60.0
+    restart_s: float = 120.0
+    elastic: bool = False
+    min_dp: int = 1
+
+    def __post_init__(self) -> None:
+        check_degrees(
+            self.world_size_of(self), tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep
+        )
+        if self.order is not None:
+            parse_order(self.order)
+        for name in ("duration_s", "checkpoint_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"job {self.name!r}: {name} must be > 0 seconds, got {getattr(self, name)!r}"
+                )
+        for name in ("submit_s", "checkpoint_s", "restart_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(
+                    f"job {self.name!r}: {name} must be >= 0 seconds, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.min_dp, int) or not 1 <= self.min_dp <= self.dp:
+            raise ValueError(
+                f"job {self.name!r}: min_dp must be an integer in 1..dp={self.dp}, got {self.min_dp!r}"
+            )
+
+    @staticmethod
+    def world_size_of(job: Job) -> int:
+        for name in ("tp", "pp", "dp", "cp", "ep"):
+            value = getattr(job, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"job {job.name!r}: {name} must be an integer >= 1, got {value!r}")
+        return job.tp * job.cp * job.dp * job.pp
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the job needs: ``tp * cp * dp * pp``."""
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs of one data-parallel replica: ``tp * cp * pp``."""
+        return self.tp * self.cp * self.pp
+
+    @property
+    def rank_order(self) -> str:
+        """``order``, or Megatron-core's default ``"tp-cp-ep-dp-pp"`` when none was chosen."""
+        return self.order or DEFAULT_ORDER
+
+    def degrees(self) -> dict[str, int]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep}
+
+    def with_dp(self, dp: int) -> Job:
+        """The same job with another data-parallel degree (elastic resize)."""
+        return replace(self, dp=dp, min_dp=min(self.min_dp, dp))
+
+    def shape(self) -> str:
+        """``"tp2 pp4 dp8"``-style summary of the degrees that are not 1."""
+        parts = [f"{k}{v}" for k, v in self.degrees().items() if v > 1]
+        return " ".join(parts) or "1 GPU"
