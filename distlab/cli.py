@@ -13,6 +13,7 @@ import sys
 # module path -> registers these subcommands
 COMMAND_MODULES = [
     "distlab.collectives.bench",  # distlab bench
+    "distlab.sim.commands",  # distlab sim
 ]
 
 

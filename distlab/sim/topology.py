@@ -51,6 +51,17 @@ class Link:
     bandwidth: float
 
     def __post_init__(self) -> None:
+        for field_name in ("alpha", "bandwidth"):
+            value = getattr(self, field_name)
+            if isinstance(value, str):  # YAML 1.1 reads "2.0e10" (no exponent sign) as text
+                try:
+                    object.__setattr__(self, field_name, float(value))
+                except ValueError:
+                    raise ValueError(
+                        f"link {self.name!r}: {field_name} must be a number, got {value!r}"
+                    ) from None
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"link {self.name!r}: {field_name} must be a number, got {value!r}")
         if self.alpha < 0:
             raise ValueError(f"link {self.name!r}: alpha must be >= 0 seconds, got {self.alpha}")
         if self.bandwidth <= 0:
