@@ -136,7 +136,7 @@ def fit_alpha_beta(records: Iterable[dict], *, fit_gamma: bool = False) -> Alpha
 
     Without ``fit_gamma`` reductions are folded into ``beta``. ``gamma`` can
     only be told apart from ``beta`` when the records mix algorithms whose
-    reduced and sent bytes are not proportional (a ring alone cannot).
+    reduced and sent bytes are not proportional (a ring on one world size cannot).
     """
     rows, times = [], []
     for record in records:
