@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from .groups import DEFAULT_ORDER, check_degrees, parse_order
 
 
@@ -141,3 +143,69 @@ class Job:
         """``"tp2 pp4 dp8"``-style summary of the degrees that are not 1."""
         parts = [f"{k}{v}" for k, v in self.degrees().items() if v > 1]
         return " ".join(parts) or "1 GPU"
+
+
+#: (probability, tp, pp, dp) of the mixed workload's shapes, for 8-GPU nodes.
+MIXED_SHAPES = (
+    (0.30, 1, 1, 1),
+    (0.15, 2, 1, 1),
+    (0.15, 4, 1, 1),
+    (0.10, 2, 1, 2),
+    (0.15, 8, 1, 1),
+    (0.10, 8, 2, 2),
+    (0.05, 8, 4, 4),
+)
+
+
+def mixed_jobs(
+    n_jobs: int,
+    *,
+    cluster_gpus: int,
+    load: float = 1.0,
+    gpus_per_node: int = 8,
+    seed: int = 0,
+    elastic_fraction: float = 0.2,
+) -> list[Job]:
+    """A seeded queue of ``n_jobs`` jobs of mixed shapes, sizes and priorities.
+
+    Shapes from :data:`MIXED_SHAPES` (tp capped at ``gpus_per_node``); run times
+    log-normal around 2 h; priorities 0 (70%), 1 (25%), 2 (5%); Poisson arrivals
+    whose rate offers ``load`` times the cluster's GPU-seconds. Multi-replica jobs
+    are elastic with probability ``elastic_fraction`` (min_dp = dp // 2).
+    """
+    if not isinstance(n_jobs, int) or n_jobs < 1:
+        raise ValueError(f"n_jobs must be an integer >= 1, got {n_jobs!r}")
+    if not load > 0:
+        raise ValueError(f"load must be > 0, got {load!r}")
+    rng = np.random.default_rng(seed)
+    probs = np.array([s[0] for s in MIXED_SHAPES])
+    shapes = rng.choice(len(MIXED_SHAPES), size=n_jobs, p=probs / probs.sum())
+    durations = rng.lognormal(mean=np.log(7200.0), sigma=0.8, size=n_jobs)
+    priorities = rng.choice([0, 1, 2], size=n_jobs, p=[0.70, 0.25, 0.05])
+    elastic = rng.random(n_jobs) < elastic_fraction
+    sizes = [
+        min(MIXED_SHAPES[k][1], gpus_per_node) * MIXED_SHAPES[k][2] * MIXED_SHAPES[k][3]
+        for k in shapes
+    ]
+    mean_gap = float(np.mean(np.array(sizes) * durations)) / (cluster_gpus * load)
+    arrivals = np.cumsum(rng.exponential(mean_gap, size=n_jobs)) - mean_gap
+    jobs = []
+    for i, k in enumerate(shapes):
+        _, tp, pp, dp = MIXED_SHAPES[k]
+        jobs.append(
+            Job(
+                name=f"job{i:04d}",
+                tp=min(tp, gpus_per_node),
+                pp=pp,
+                dp=dp,
+                priority=int(priorities[i]),
+                submit_s=float(max(arrivals[i], 0.0)),
+                duration_s=float(durations[i]),
+                checkpoint_interval_s=1800.0,
+                checkpoint_s=60.0,
+                restart_s=120.0,
+                elastic=bool(elastic[i] and dp > 1),
+                min_dp=max(1, dp // 2),
+            )
+        )
+    return jobs

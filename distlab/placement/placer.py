@@ -30,7 +30,7 @@ import numpy as np
 from distlab.sim.topology import ClusterSpec
 
 from .cluster import ROUTE_KINDS, edge_costs, nvlink_group_limit, resolve_cluster
-from .groups import DEFAULT_ORDER, grid_groups, masked_groups, parse_order
+from .groups import DEFAULT_ORDER, grid_groups, parse_order
 from .jobs import Job, Workload
 from .score import CommScore, score_groups
 
@@ -128,12 +128,15 @@ class Placement:
     def explain(self, workload: Workload | None = None) -> str:
         """What went where, which links each dimension uses, what broke, and the score."""
         job, c = self.job, self.cluster
-        lines = [
+        head = (
             f"{job.name}: {job.shape()} = {job.world_size} GPUs on {c.name} "
-            f"({c.nodes} nodes x {c.gpus_per_node} GPUs; NVLink group limit {nvlink_group_limit(c)})",
+            f"({c.nodes} nodes x {c.gpus_per_node} GPUs; NVLink group limit {nvlink_group_limit(c)})"
+        )
+        how = (
             f"strategy {self.strategy}, rank order {self.order} (first name varies fastest), "
-            f"{len(self.nodes_used())} nodes used",
-        ]
+            f"{len(self.nodes_used())} nodes used"
+        )
+        lines = [head, how]
         for dim, kinds in self.link_summary().items():
             size = self.gpu_groups(dim).shape[1]
             where = ", ".join(f"{n} over {k}" for k, n in kinds.items())
