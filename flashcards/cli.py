@@ -1,0 +1,323 @@
+"""The ``flashcards`` command: drill in a terminal, statistics, lists, exports.
+
+    flashcards drill [--tag T] [--notebook N] [--new N]   review due cards (keys: Space, 1-4, u, q)
+    flashcards stats [--plot out.png]                      counts, due forecast, reviews/day, retention
+    flashcards list [--tag T] [--notebook N]               cards with their state and due date
+    flashcards check                                       recompute every number the cards state
+    flashcards export-anki deck.apkg                       Anki package (notes update on re-import)
+    flashcards export-json history.json / import-json history.json
+    flashcards unsuspend CARD-ID                           bring back a suspended leech
+
+Every command takes ``--db PATH`` (default: ``$DISTLAB_FLASHCARDS_DB`` or the user data
+directory) and ``--deck DIR`` (default: the course deck).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TextIO
+
+from rich.columns import Columns
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.table import Table
+
+from flashcards.model import Deck, load_deck
+from flashcards.render import to_terminal
+from flashcards.scheduler import DEFAULT_RETENTION, NEW_PER_DAY, RATING_KEYS, format_interval
+from flashcards.session import DrillSession
+from flashcards.store import Store
+
+QUIT = "q"
+
+
+# -- keys ---------------------------------------------------------------------------------
+def key_reader(stream: TextIO) -> Callable[[], str]:
+    """One key per call: a raw keypress on a terminal (no Enter needed), else one line of
+    piped input (its first character; an empty line means Enter). End of input is quit."""
+    if stream.isatty():
+        try:
+            import termios
+            import tty
+        except ImportError:  # Windows: no termios, fall back to lines
+            pass
+        else:
+            return lambda: _read_raw_key(stream, termios, tty)
+
+    def read_line() -> str:
+        line = stream.readline()
+        if line == "":
+            return QUIT
+        line = line.strip()
+        return line[0] if line else "\n"
+
+    return read_line
+
+
+def _read_raw_key(stream: TextIO, termios, tty) -> str:
+    fd = stream.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd)
+        key = os.read(fd, 1).decode(errors="replace")
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+    if key in ("", "\x03", "\x04", "\x1b"):  # EOF, Ctrl-C, Ctrl-D, Esc
+        return QUIT
+    return "\n" if key == "\r" else key
+
+
+# -- drill --------------------------------------------------------------------------------
+def run_drill(session: DrillSession, console: Console, read_key: Callable[[], str]) -> int:
+    """The terminal drill loop; returns the number of reviews made."""
+    reviewed = 0
+    while (card := session.current) is not None:
+        c = session.counts
+        console.rule(
+            f"[blue]New {c.new}[/] · [red]Learning {c.learning}[/] · [green]Review {c.review}[/]"
+            f"   reviewed today: {session.reviewed_today}"
+        )
+        state = session.state_of(card)
+        badge = "new" if state is None else state.card.state.name.lower()
+        console.print(
+            Panel(
+                Markdown(to_terminal(card.q)),
+                title=f"{card.notebook} · {badge}",
+                title_align="left",
+            )
+        )
+        console.print("[dim]Space/Enter: show answer   u: undo   q: quit[/]")
+        key = read_key()
+        if key == QUIT:
+            break
+        if key == "u":
+            _undo(session, console)
+            continue
+        shown = time.monotonic()
+        console.print(Panel(Markdown(to_terminal(card.a)), title="answer", title_align="left"))
+        labels = session.labels()
+        console.print("   ".join(f"[bold]{int(r)}[/] {label}" for r, label in labels.items()))
+        while (key := read_key()) not in RATING_KEYS and key not in (QUIT, "u"):
+            console.print("[dim]1 Again, 2 Hard, 3 Good, 4 Easy (u: undo, q: quit)[/]")
+        if key == QUIT:
+            break
+        if key == "u":
+            _undo(session, console)
+            continue
+        result = session.rate(RATING_KEYS[key], duration_ms=int((time.monotonic() - shown) * 1000))
+        reviewed += 1
+        if result.became_leech:
+            console.print(
+                f"[bold red]{card.slug} is a leech[/] ({result.state.lapses} lapses): tagged and suspended. "
+                f"Study {card.notebook}, then `flashcards unsuspend {card.slug}`."
+            )
+    if session.current is None:
+        later = (
+            ""
+            if session.next_due is None
+            else f" Next card due in {format_interval(session.next_due - session.now())}."
+        )
+        console.print(f"[bold]Nothing due now.[/]{later}")
+    console.print(f"Reviewed {reviewed} card(s) in this drill, {session.reviewed_today} today.")
+    return reviewed
+
+
+def _undo(session: DrillSession, console: Console) -> None:
+    if not session.can_undo:
+        console.print("[dim]nothing to undo[/]")
+        return
+    card = session.undo()
+    console.print(f"Undid the last review of {card.slug}.")
+
+
+# -- commands -----------------------------------------------------------------------------
+def _session(args: argparse.Namespace) -> DrillSession:
+    return DrillSession(
+        _deck(args),
+        Store(args.db),
+        tag=args.tag,
+        notebook=args.notebook,
+        new_per_day=args.new,
+        desired_retention=args.retention,
+        clock=_clock(args),
+    )
+
+
+def _deck(args: argparse.Namespace) -> Deck:
+    return load_deck(args.deck)
+
+
+def _clock(args: argparse.Namespace) -> Callable[[], datetime] | None:
+    if args.now is None:
+        return None
+    fixed = datetime.fromisoformat(args.now)
+    fixed = fixed.replace(tzinfo=UTC) if fixed.tzinfo is None else fixed
+    return lambda: fixed
+
+
+def cmd_drill(args: argparse.Namespace, console: Console) -> int:
+    run_drill(_session(args), console, key_reader(sys.stdin))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace, console: Console) -> int:
+    from flashcards.stats import compute_stats, plot_stats
+
+    session = _session(args)
+    stats = compute_stats(session.cards, session.store, now=session.now(), days=args.days)
+    table = Table(title="Cards", show_header=False)
+    for name in ("cards", "new", "learning", "review", "suspended", "leeches"):
+        table.add_row(name, str(getattr(stats, name)))
+    retention = "n/a" if stats.retention is None else f"{stats.retention:.1%}"
+    table.add_row(
+        "true retention", f"{retention} of {stats.retention_reviews} reviews ({args.days} days)"
+    )
+    c = session.counts
+    table.add_row("due now", f"{c.new} new, {c.learning} learning, {c.review} review")
+    console.print(table)
+    forecast = Table(title="Due forecast (next 14 days)")
+    forecast.add_column("day")
+    forecast.add_column("due", justify="right")
+    for day, n in stats.due_forecast[:14]:
+        forecast.add_row(day.isoformat(), str(n))
+    done = Table(title="Reviews per day (last 14 days)")
+    done.add_column("day")
+    done.add_column("reviews", justify="right")
+    for day, n in stats.reviews_per_day[-14:]:
+        done.add_row(day.isoformat(), str(n))
+    console.print(Columns([forecast, done]))
+    if args.plot:
+        console.print(f"figure written to {plot_stats(stats, args.plot)}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, console: Console) -> int:
+    deck = _deck(args)
+    states = Store(args.db).card_states()
+    table = Table()
+    for column in ("id", "tags", "notebook", "state", "due"):
+        table.add_column(column)
+    for card in deck.filter(tag=args.tag, notebook=args.notebook):
+        s = states.get(card.card_id)
+        if s is None:
+            state, due = "new", ""
+        else:
+            state = "suspended" if s.suspended else s.card.state.name.lower()
+            state += " (leech)" if s.leech else ""
+            due = s.card.due.strftime("%Y-%m-%d %H:%M")
+        table.add_row(card.slug, " ".join(card.tags), card.notebook, state, due)
+    console.print(table)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from flashcards.checks import run_checks
+
+    results = run_checks(_deck(args))
+    failed = [r for r in results if not r.ok]
+    for r in failed:
+        console.print(r.message(), markup=False, highlight=False)
+    console.print(f"{len(results) - len(failed)} of {len(results)} checks pass")
+    return 1 if failed else 0
+
+
+def cmd_export_anki(args: argparse.Namespace, console: Console) -> int:
+    from flashcards.anki import export_apkg
+
+    cards = _deck(args).filter(tag=args.tag, notebook=args.notebook)
+    path = export_apkg(cards, args.path)
+    console.print(f"wrote {len(cards)} notes to {path}")
+    return 0
+
+
+def cmd_export_json(args: argparse.Namespace, console: Console) -> int:
+    from flashcards.history import export_json
+
+    n = export_json(Store(args.db), args.path)
+    console.print(f"wrote {n} reviews to {args.path}")
+    return 0
+
+
+def cmd_import_json(args: argparse.Namespace, console: Console) -> int:
+    from flashcards.history import import_json
+
+    n = import_json(Store(args.db), args.path)
+    console.print(f"imported {n} new reviews from {args.path}")
+    return 0
+
+
+def cmd_unsuspend(args: argparse.Namespace, console: Console) -> int:
+    card = _deck(args).by_slug(args.card)
+    Store(args.db).set_suspended(card.card_id, False)
+    console.print(f"{card.slug} is back in the queue")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db", help="review database (default: $DISTLAB_FLASHCARDS_DB or the user data dir)"
+    )
+    common.add_argument("--deck", help="deck folder or card file (default: the course deck)")
+    common.add_argument("--now", help=argparse.SUPPRESS)  # fixed ISO time, for tests and demos
+    selection = argparse.ArgumentParser(add_help=False)
+    selection.add_argument("--tag", help="only cards with this tag")
+    selection.add_argument(
+        "--notebook", help="only cards of this notebook folder or folder#section"
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="flashcards", description="distlab flashcards (FSRS spaced repetition)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func, help_: str, parents=(common,)) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=list(parents), help=help_)
+        p.set_defaults(func=func)
+        return p
+
+    for name, func, help_ in (
+        ("drill", cmd_drill, "review due cards"),
+        ("stats", cmd_stats, "statistics"),
+    ):
+        p = add(name, func, help_, (common, selection))
+        p.add_argument(
+            "--new", type=int, default=NEW_PER_DAY, help="new cards per day (default 20)"
+        )
+        p.add_argument(
+            "--retention", type=float, default=DEFAULT_RETENTION, help="FSRS desired retention"
+        )
+    sub.choices["stats"].add_argument(
+        "--days", type=int, default=30, help="window in days (default 30)"
+    )
+    sub.choices["stats"].add_argument("--plot", help="write a figure (PNG/SVG/PDF) to this path")
+    add("list", cmd_list, "list cards and their state", (common, selection))
+    add("check", cmd_check, "recompute the numbers stated on cards")
+    add("export-anki", cmd_export_anki, "write an Anki .apkg", (common, selection)).add_argument(
+        "path"
+    )
+    add("export-json", cmd_export_json, "write the review history as JSON").add_argument("path")
+    add("import-json", cmd_import_json, "merge a JSON review history").add_argument("path")
+    add("unsuspend", cmd_unsuspend, "unsuspend a card (e.g. a leech)").add_argument("card")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, console: Console | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = console or Console()
+    try:
+        return args.func(args, console)
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"flashcards: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

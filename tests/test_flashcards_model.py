@@ -1,0 +1,181 @@
+"""Deck loading and validation: good decks load, bad ones name file, card and field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flashcards.model import DeckError, card_id_for, load_card_file, load_deck
+
+TEST_DECK = Path(__file__).parent / "data" / "deck"
+
+GOOD_CARD = """\
+  - id: {id}
+    tags: [{topic}, basic]
+    notebook: "02-collectives#all-reduce"
+    q: What is it?
+    a: It is 42.
+"""
+
+
+def write_topic(folder: Path, topic: str, cards: str) -> Path:
+    path = folder / f"{topic}.yaml"
+    path.write_text(f"topic: {topic}\ntitle: A title\ncards:\n{cards}", encoding="utf-8")
+    return path
+
+
+def test_test_deck_loads_in_file_order_with_stable_ids():
+    deck = load_deck(TEST_DECK)
+    assert [c.slug for c in deck][:2] == ["arith-ring-steps", "arith-ring-volume"]
+    assert len(deck) == 6
+    card = deck.by_slug("arith-sqrt-two")
+    assert card.card_id == card_id_for("arith-sqrt-two")
+    assert card.difficulty == "advanced" and card.topic == "arithmetic"
+    assert card.checks[0].rel_tol == 0.001 and card.checks[0].value == 1.414
+    assert deck.by_slug("words-zero").checks == ()
+    assert deck.by_id(card.card_id) is card
+
+
+def test_card_ids_are_stable_positive_and_fit_json():
+    # Pinned: the first 13 hex digits (52 bits) of sha256("distlab:" + slug). Changing the
+    # hash would orphan every learner's review history.
+    assert card_id_for("coll-allreduce-start-end") == 0x3F920CB05C77E
+    ids = {card_id_for(f"card-{i}") for i in range(5000)}
+    assert len(ids) == 5000
+    assert all(0 < i < 2**52 for i in ids)
+    assert card_id_for("a") != card_id_for("b")
+
+
+def test_filter_by_tag_and_notebook():
+    deck = load_deck(TEST_DECK)
+    assert {c.slug for c in deck.filter(tag="words")} == {
+        "words-all-gather",
+        "words-reduce-scatter",
+        "words-zero",
+    }
+    assert {c.slug for c in deck.filter(notebook="02-collectives")} == {
+        "arith-ring-steps",
+        "arith-ring-volume",
+        "words-all-gather",
+        "words-reduce-scatter",
+    }
+    assert [c.slug for c in deck.filter(notebook="02-collectives#all-gather")] == [
+        "words-all-gather"
+    ]
+    assert [c.slug for c in deck.filter(tag="basic", notebook="06-zero-and-fsdp")] == []
+
+
+def test_duplicate_id_across_files_names_both_files(tmp_path):
+    write_topic(tmp_path, "alpha", GOOD_CARD.format(id="same-id", topic="alpha"))
+    write_topic(
+        tmp_path,
+        "beta",
+        GOOD_CARD.format(id="other", topic="beta") + GOOD_CARD.format(id="same-id", topic="beta"),
+    )
+    with pytest.raises(DeckError) as err:
+        load_deck(tmp_path)
+    message = str(err.value)
+    assert "duplicate card id 'same-id'" in message
+    assert "alpha.yaml (card #1)" in message and "beta.yaml (card #2)" in message
+
+
+def test_duplicate_id_within_a_file(tmp_path):
+    path = write_topic(tmp_path, "alpha", GOOD_CARD.format(id="x", topic="alpha") * 2)
+    with pytest.raises(DeckError, match=r"alpha.yaml: duplicate card id 'x' \(cards #1 and #2\)"):
+        load_card_file(path)
+
+
+@pytest.mark.parametrize(
+    ("card", "field", "words"),
+    [
+        ("  - id: Bad Id\n    q: x\n", "'id'", "slug"),
+        (
+            "  - id: c1\n    tags: [alpha]\n    notebook: '02-collectives'\n    q: x\n    a: y\n",
+            "'tags'",
+            "difficulty",
+        ),
+        (
+            "  - id: c1\n    tags: [core, alpha]\n    notebook: '02-collectives'\n    q: x\n    a: y\n",
+            "'tags'",
+            "topic tag",
+        ),
+        (
+            "  - id: c1\n    tags: [alpha, 'has space', core]\n    notebook: '02-collectives'\n    q: x\n    a: y\n",
+            "'tags'",
+            "without spaces",
+        ),
+        (
+            "  - id: c1\n    tags: [alpha, core]\n    notebook: '99-nowhere#x'\n    q: x\n    a: y\n",
+            "'notebook'",
+            "folder",
+        ),
+        (
+            "  - id: c1\n    tags: [alpha, core]\n    notebook: '02-collectives'\n    q: x\n",
+            "'a'",
+            "non-empty",
+        ),
+        (
+            "  - id: c1\n    tags: [alpha, core]\n    notebook: '02-collectives'\n    q: x\n    a: y\n    anwser: z\n",
+            "'anwser'",
+            "not a card field",
+        ),
+        (
+            (
+                "  - id: c1\n    tags: [alpha, core]\n    notebook: '02-collectives'\n    q: x\n    a: 'is 3'\n"
+                "    checks:\n      - {expr: '1 +', value: 3, text: '3'}\n"
+            ),
+            "'checks[0].expr'",
+            "not a valid expression",
+        ),
+        (
+            (
+                "  - id: c1\n    tags: [alpha, core]\n    notebook: '02-collectives'\n    q: x\n    a: 'is 3'\n"
+                "    checks:\n      - {expr: '1 + 2', value: three, text: '3'}\n"
+            ),
+            "'checks[0].value'",
+            "finite number",
+        ),
+        (
+            (
+                "  - id: c1\n    tags: [alpha, core]\n    notebook: '02-collectives'\n    q: x\n    a: 'is 3'\n"
+                "    checks:\n      - {expr: '1 + 2', value: 3, text: 'three'}\n"
+            ),
+            "'checks[0].text'",
+            "appears in neither",
+        ),
+        (
+            (
+                "  - id: c1\n    tags: [alpha, core]\n    notebook: '02-collectives'\n    q: x\n    a: 'is 3'\n"
+                "    checks:\n      - {expr: '1 + 2', value: 3, text: '3', rel_tol: 2}\n"
+            ),
+            "'checks[0].rel_tol'",
+            "(0, 1)",
+        ),
+    ],
+)
+def test_malformed_card_names_file_card_and_field(tmp_path, card, field, words):
+    path = write_topic(tmp_path, "alpha", GOOD_CARD.format(id="fine", topic="alpha") + card)
+    with pytest.raises(DeckError) as err:
+        load_deck(tmp_path)
+    message = str(err.value)
+    assert str(path) in message
+    assert "#2" in message  # the second card, by position (and by id once the id is readable)
+    assert field in message
+    assert words in message
+
+
+def test_file_level_errors_name_the_file(tmp_path):
+    path = tmp_path / "alpha.yaml"
+    path.write_text("topic: beta\ntitle: t\ncards: []\n")
+    with pytest.raises(DeckError, match="alpha.yaml: field 'topic' is 'beta'"):
+        load_deck(tmp_path)
+    path.write_text("topic: alpha\ntitle: t\ncards:\n  - id: [unclosed\n")
+    with pytest.raises(DeckError, match="alpha.yaml: not valid YAML"):
+        load_deck(tmp_path)
+    path.write_text(textwrap.dedent("topic: alpha\ntitle: t\ncards: {}\n"))
+    with pytest.raises(DeckError, match="field 'cards' must be a list"):
+        load_deck(tmp_path)
+    with pytest.raises(DeckError, match="no such deck folder"):
+        load_deck(tmp_path / "missing")
