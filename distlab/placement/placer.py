@@ -162,6 +162,7 @@ def rank_grids(job: Job, order: str) -> dict[str, np.ndarray]:
     grids = {dim: grid_groups(names, dense, [dim]) for dim in ("tp", "cp", "dp", "pp")}
     grids["dp-cp"] = grid_groups(names, dense, ["dp", "cp"])
     grids["ep"] = grid_groups(names, expert, ["ep"])
+    grids["expert_dp"] = grid_groups(names, expert, ["dp"])
     return grids
 
 

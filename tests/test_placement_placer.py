@@ -1,0 +1,181 @@
+"""place(): where ranks go, the rules it keeps, the score, and the errors it gives."""
+
+import time
+
+import numpy as np
+import pytest
+
+from distlab.placement import Job, Workload, compare_placements, place, rank_groups
+from distlab.placement.cluster import ROUTE_KINDS, edge_costs, resolve_cluster
+from distlab.placement.score import comm_volumes
+from distlab.sim.topology import PRESETS, preset
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_edge_costs_agree_with_cluster_route(name):
+    cluster = preset(name, nodes=4 if name != "gb200-nvl72" else 36)
+    rng = np.random.default_rng(0)
+    for src, dst in rng.integers(0, cluster.world_size, size=(200, 2)).tolist():
+        one = edge_costs(cluster, np.array([src]), np.array([dst]))  # alone: no contention
+        route = cluster.route(src, dst)
+        assert ROUTE_KINDS[int(one.kind[0])] == route.kind
+        assert one.alpha[0] == route.alpha
+        if route.ports:
+            assert one.bandwidth[0] == min(bw for _, bw in route.ports)
+
+
+def test_shared_nic_divides_bandwidth():
+    cluster = preset("ethernet", nodes=2)  # 4 GPUs share one NIC per node
+    costs = edge_costs(cluster, np.arange(4), np.arange(4) + 4)
+    assert np.allclose(costs.bandwidth, cluster.inter.bandwidth / 4)
+
+
+def test_hierarchical_keeps_tp_in_node_and_spreads_pp_over_nodes():
+    cluster = preset("dgx-h100", nodes=16)
+    p = place(Job(tp=8, pp=4, dp=4), cluster)
+    assert p.violations() == []
+    tp_nodes = p.gpu_groups("tp") // 8
+    assert (tp_nodes == tp_nodes[:, :1]).all()
+    pp_nodes = p.gpu_groups("pp") // 8
+    assert all(len(set(row)) == 4 for row in pp_nodes.tolist())
+    assert p.groups() == rank_groups(128, tp=8, pp=4, dp=4, order=p.order)
+    assert "PROBLEM" not in p.explain()
+
+
+def test_tp_time_is_the_ring_closed_form_on_nvlink():
+    cluster = preset("dgx-a100", nodes=1)
+    w = Workload(layers=2, hidden=1024, seq_len=512, micro_batch=1, micro_batches=1)
+    p = place(Job(tp=8, workload=w), cluster)
+    part = p.score().part("tp")
+    n_bytes = 512 * 1024 * 2
+    one_call = 2 * 7 * cluster.intra.alpha + 2 * 7 / 8 * n_bytes / cluster.intra.bandwidth
+    assert part.calls == 4 * 2
+    assert part.slowest_link == "nvlink"
+    assert part.time_per_call_s == pytest.approx(one_call)
+    assert p.score().total == pytest.approx(part.time_s)
+
+
+def test_tp_across_nodes_costs_more_than_everything_hierarchical_does():
+    cluster = preset("dgx-h100", nodes=8)
+    rows = {label: (pl, sc) for label, pl, sc in compare_placements(Job(tp=8, pp=2, dp=4), cluster)}
+    best = rows["hierarchical"][1]
+    for label in ("TP outermost", "random"):
+        placement, score = rows[label]
+        assert placement.violations(), label
+        assert score.part("tp").slowest_link == "network"
+        # NVLink4 450 GB/s vs NDR 50 GB/s: TP traffic slows by about the bandwidth ratio
+        assert score.part("tp").time_s > 5 * best.part("tp").time_s
+        assert score.total > best.total
+    assert best.total <= rows["rank order"][1].total
+
+
+def test_order_is_chosen_by_score():
+    cluster = preset("dgx-h100", nodes=8)
+    job = Job(tp=2, pp=4, dp=8)
+    chosen = place(job, cluster)
+    for order in ("tp-cp-ep-pp-dp", "tp-cp-ep-dp-pp"):
+        fixed = place(Job(tp=2, pp=4, dp=8, order=order), cluster)
+        assert chosen.score().total <= fixed.score().total + 1e-12
+
+
+def test_pcie_box_keeps_tp_under_one_switch():
+    cluster = preset("pcie-8gpu")
+    good = place(Job(tp=4, dp=2), cluster)
+    assert good.link_summary()["tp"] == {"pcie": 2}
+    bad = place(Job(tp=4, dp=2, order="dp-tp"), cluster, strategy="rank-order")
+    assert bad.link_summary()["tp"] == {"pcie-far": 2}
+    assert bad.score().part("tp").time_s > good.score().part("tp").time_s
+
+
+def test_ragged_allocation_rank_order_splits_tp_hierarchical_does_not():
+    cluster = preset("dgx-h100", nodes=3)
+    gpus = [0, 1, 2] + list(range(8, 13)) + list(range(16, 24))  # 3 + 5 + 8 free GPUs
+    job = Job(tp=2, dp=6)
+    naive = place(job, cluster, gpus=gpus, strategy="rank-order")
+    assert any("TP groups span" in v for v in naive.violations())
+    good = place(job, cluster, gpus=gpus)
+    assert good.violations() == []
+    assert 2 not in good.gpu_of_rank.tolist() and 12 not in good.gpu_of_rank.tolist()
+
+
+def test_nvl72_tp_may_span_trays_inside_the_domain():
+    cluster = preset("gb200-nvl72", nodes=36)  # two domains of 18 trays x 4 GPUs
+    p = place(Job(tp=8, dp=18), cluster)
+    assert p.violations() == []
+    assert p.score().part("tp").slowest_link == "nvlink"
+    assert len(np.unique(p.gpu_groups("tp")[0] // 4)) == 2  # one TP group, two trays
+    # 72 GPUs hold four TP groups of 16, with 8 left over: 9 groups do not fit in 144 GPUs
+    with pytest.raises(ValueError, match="only 128 of the 144 GPUs"):
+        place(Job(tp=16, dp=9), cluster)
+
+
+def test_ep_stays_in_node_when_it_fits():
+    cluster = preset("dgx-h100", nodes=4)
+    p = place(Job(tp=2, dp=16, ep=4), cluster)
+    ep_nodes = p.gpu_groups("ep") // 8
+    assert (ep_nodes == ep_nodes[:, :1]).all()
+    assert p.score().part("ep").slowest_link == "nvlink"
+
+
+def test_volumes_scale_with_degrees():
+    w = Workload()
+    vols = {v.dimension: v for v in comm_volumes(Job(tp=4, pp=2, dp=2, cp=2), w)}
+    act = w.micro_batch * w.seq_len / 2 * w.hidden * w.bytes_per_value
+    assert vols["tp"].n_bytes == act and vols["tp"].calls == 4 * 16 * 8
+    assert vols["pp"].calls == 2 * 8
+    assert vols["dp"].n_bytes == pytest.approx(w.params / 8 * 2)
+    assert vols["cp"].calls == 3 * 1 * 16 * 8
+
+
+def test_random_placement_is_seeded():
+    cluster = preset("dgx-h100", nodes=4)
+    a = place(Job(tp=4, dp=8), cluster, strategy="random", seed=3)
+    b = place(Job(tp=4, dp=8), cluster, strategy="random", seed=3)
+    assert a.gpu_of_rank.tolist() == b.gpu_of_rank.tolist()
+
+
+def test_hundred_thousand_gpus_in_under_a_second():
+    cluster = preset("dgx-h100", nodes=12_500)
+    start = time.perf_counter()
+    p = place(Job(tp=8, pp=8, dp=1562), cluster)
+    elapsed = time.perf_counter() - start
+    assert p.violations() == []
+    assert elapsed < 1.0
+
+
+@pytest.mark.parametrize(
+    "job, cluster, match",
+    [
+        (Job(tp=8, dp=8), preset("dgx-h100", nodes=4), "needs 64 GPUs"),
+        (Job(tp=16), preset("dgx-h100", nodes=4), "tp=16 is larger than the 8 GPUs"),
+        (Job(tp=8), preset("pcie-8gpu"), None),
+        (Job(tp=6, dp=2), preset("gb200-nvl72"), "multiple of gpus_per_node=4"),
+        (Job(tp=2, dp=4, order="dp-tp"), preset("dgx-h100"), "inside TP"),
+    ],
+)
+def test_bad_placements_raise_value_error(job, cluster, match):
+    if match is None:
+        assert place(job, cluster).violations() == []
+        return
+    with pytest.raises(ValueError, match=match):
+        place(job, cluster)
+
+
+def test_unknown_preset_and_bad_job():
+    with pytest.raises(ValueError, match="unknown cluster preset"):
+        resolve_cluster("dgx-z900")
+    with pytest.raises(ValueError, match="tp must be an integer"):
+        Job(tp=0)
+    with pytest.raises(ValueError, match="ep=3 must divide"):
+        Job(dp=4, ep=3)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        place(Job(), "dgx-h100", strategy="best")
+
+
+def test_custom_cluster_from_dict_and_yaml(tmp_path):
+    spec = {"preset": "dgx-a100", "nodes": 2, "gpus_per_node": 4}
+    assert resolve_cluster(spec).world_size == 8
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: dgx-h100\nnodes: 3\n")
+    assert resolve_cluster(path).world_size == 24
+    assert place(Job(tp=4, dp=2), spec).violations() == []
