@@ -100,11 +100,11 @@ def test_coordinates_invert_the_layout():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(world_size=16, tp=2, pp=4), "must equal world_size=16"),
-        (dict(world_size=8, tp=2, dp=4, ep=3), "ep=3 must divide"),
-        (dict(world_size=8, tp=8, order="tp-xp"), "allowed names"),
-        (dict(world_size=8, tp=8, order="tp-tp"), "repeats"),
-        (dict(world_size=8, tp=0, dp=8), "tp must be an integer >= 1"),
+        ({"world_size": 16, "tp": 2, "pp": 4}, "must equal world_size=16"),
+        ({"world_size": 8, "tp": 2, "dp": 4, "ep": 3}, "ep=3 must divide"),
+        ({"world_size": 8, "tp": 8, "order": "tp-xp"}, "allowed names"),
+        ({"world_size": 8, "tp": 8, "order": "tp-tp"}, "repeats"),
+        ({"world_size": 8, "tp": 0, "dp": 8}, "tp must be an integer >= 1"),
     ],
 )
 def test_bad_degrees_raise_value_error(kwargs, match):

@@ -120,11 +120,21 @@ def test_ep_stays_in_node_when_it_fits():
 def test_volumes_scale_with_degrees():
     w = Workload()
     vols = {v.dimension: v for v in comm_volumes(Job(tp=4, pp=2, dp=2, cp=2), w)}
+    assert len(vols) == 4  # one merged entry per dimension with ZeRO stage 0
     act = w.micro_batch * w.seq_len / 2 * w.hidden * w.bytes_per_value
     assert vols["tp"].n_bytes == act and vols["tp"].calls == 4 * 16 * 8
-    assert vols["pp"].calls == 2 * 8
+    assert vols["pp"].calls == 2 * 8 and vols["pp"].n_bytes == act / 4  # scatter/gather over tp
     assert vols["dp"].n_bytes == pytest.approx(w.params / 8 * 2)
     assert vols["cp"].calls == 3 * 1 * 16 * 8
+
+
+def test_zero_stages_change_only_data_parallel_traffic():
+    cluster = preset("dgx-h100", nodes=4)
+    job = Job(tp=8, dp=4)
+    ddp = place(job, cluster).score(Workload(zero_stage=0))
+    zero3 = place(job, cluster).score(Workload(zero_stage=3))
+    assert ddp.breakdown()["tp"] == zero3.breakdown()["tp"]
+    assert zero3.breakdown()["dp"] > ddp.breakdown()["dp"]  # 3 x 8 micro-batches of gathers
 
 
 def test_random_placement_is_seeded():

@@ -157,8 +157,8 @@ def test_best_fit_fragments_less_than_first_fit_on_a_mixed_workload():
     stats = {"first-fit": [], "best-fit": []}
     for seed in range(4):
         jobs = mixed_jobs(200, cluster_gpus=cluster.world_size, load=0.9, seed=seed)
-        for policy in stats:
-            stats[policy].append(simulate(jobs, cluster, policy=policy, preemption=False).stats())
+        for policy, runs in stats.items():
+            runs.append(simulate(jobs, cluster, policy=policy, preemption=False).stats())
     ff = np.mean([s.mean_partial_node_free for s in stats["first-fit"]])
     bf = np.mean([s.mean_partial_node_free for s in stats["best-fit"]])
     assert bf < ff

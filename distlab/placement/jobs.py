@@ -23,7 +23,8 @@ class Workload:
     (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
     GPU Clusters Using Megatron-LM", Section 5.1, without embeddings).
     ``micro_batches`` is per data-parallel replica per step;
-    ``bytes_per_value`` = 2 for bf16 activations and gradients.
+    ``bytes_per_value`` = 2 for bf16 activations and gradients;
+    ``zero_stage`` 0 (DDP) to 3 (FSDP) sets the data-parallel traffic.
     """
 
     layers: int = 32
@@ -33,6 +34,7 @@ class Workload:
     micro_batches: int = 8
     n_params: float | None = None
     bytes_per_value: int = 2
+    zero_stage: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -46,6 +48,8 @@ class Workload:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Workload.{name} must be an integer >= 1, got {value!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"Workload.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.n_params is not None and not self.n_params > 0:
             raise ValueError(f"Workload.n_params must be > 0, got {self.n_params!r}")
 

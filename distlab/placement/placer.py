@@ -147,7 +147,7 @@ class Placement:
         lines.append(f"  estimated communication per step: {score.total * 1e3:.2f} ms")
         for part in score.parts:
             lines.append(
-                f"    {part.dimension.upper():3s} {part.calls:5d} x {part.collective} of "
+                f"    {part.dimension.upper():3s} {part.calls:5.0f} x {part.collective} of "
                 f"{part.n_bytes / 1e6:.1f} MB on {part.slowest_link} "
                 f"({part.bandwidth / 1e9:.1f} GB/s): {part.time_s * 1e3:.2f} ms"
             )

@@ -1,0 +1,138 @@
+"""Figures for placement and scheduling: the cluster grid coloured by group, costs, timelines.
+
+Each function returns a :class:`matplotlib.figure.Figure` (no pyplot state),
+which a notebook displays when it is the cell's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+from distlab.placement.placer import Placement
+from distlab.placement.scheduler import ScheduleResult
+from distlab.placement.score import CommScore
+from distlab.placement.stats import ScheduleStats, timeline_arrays
+
+_DIM_TITLES = {
+    "tp": "tensor (TP)",
+    "pp": "pipeline (PP)",
+    "dp": "data (DP)",
+    "cp": "context (CP)",
+    "ep": "expert (EP)",
+}
+
+
+def plot_placement(
+    placement: Placement, color_by: Sequence[str] = ("tp", "pp", "dp"), *, max_nodes: int = 16
+) -> Figure:
+    """The nodes used (rows) x their GPUs (columns), one panel per dimension in ``color_by``.
+
+    A cell's colour is the group its rank belongs to in that dimension, its label
+    the rank; grey cells are GPUs the job does not use. Only the first ``max_nodes``
+    nodes the job uses are drawn.
+    """
+    g = placement.cluster.gpus_per_node
+    nodes = placement.nodes_used()[:max_nodes]
+    row_of = {node: i for i, node in enumerate(nodes)}
+    fig = Figure(figsize=(3.2 * len(color_by) + 0.5, 0.45 * len(nodes) + 1.4), layout="constrained")
+    axes = fig.subplots(1, len(color_by), squeeze=False)[0]
+    for ax, dim in zip(axes, color_by, strict=True):
+        key = "dp-cp" if dim == "dp" and placement.job.cp > 1 else dim
+        groups = placement.gpu_groups(key)
+        colour = np.full((len(nodes), g), np.nan)
+        label = np.full((len(nodes), g), -1)
+        for gi, row in enumerate(groups):
+            for gpu in row.tolist():
+                node, local = divmod(gpu, g)
+                if node in row_of:
+                    colour[row_of[node], local] = gi % 20
+        for rank, gpu in enumerate(placement.gpu_of_rank.tolist()):
+            node, local = divmod(gpu, g)
+            if node in row_of:
+                label[row_of[node], local] = rank
+        cmap = ListedColormap([f"C{i % 10}" for i in range(20)])
+        cmap.set_bad("#dddddd")
+        ax.imshow(np.ma.masked_invalid(colour), cmap=cmap, vmin=0, vmax=19, aspect="auto")
+        for (r, c), rank in np.ndenumerate(label):
+            if rank >= 0 and g <= 16:
+                ax.text(c, r, str(rank), ha="center", va="center", fontsize=7)
+        ax.set_title(f"{_DIM_TITLES.get(dim, dim)}: {len(groups)} groups of {groups.shape[1]}")
+        ax.set_xticks(range(g))
+        ax.set_yticks(range(len(nodes)), [f"node {n}" for n in nodes])
+        ax.set_xlabel("GPU in node")
+    fig.suptitle(f"{placement.job.shape()} on {placement.cluster.name} (order {placement.order})")
+    return fig
+
+
+def plot_comm_comparison(rows: Sequence[tuple[str, Placement, CommScore]]) -> Figure:
+    """Stacked bars of communication ms per step by dimension, one bar per placement
+    (the output of :func:`~distlab.placement.compare_placements`)."""
+    fig = Figure(figsize=(7, 3.5), layout="constrained")
+    ax = fig.subplots()
+    dims = sorted(
+        {p.dimension for _, _, s in rows for p in s.parts}, key=["tp", "cp", "ep", "pp", "dp"].index
+    )
+    bottom = np.zeros(len(rows))
+    for i, dim in enumerate(dims):
+        ms = np.array([score.breakdown().get(dim, 0.0) * 1e3 for _, _, score in rows])
+        ax.bar([label for label, _, _ in rows], ms, bottom=bottom, label=dim.upper(), color=f"C{i}")
+        bottom += ms
+    ax.set_ylabel("communication per step (ms)")
+    ax.legend()
+    return fig
+
+
+def plot_schedule(result: ScheduleResult) -> Figure:
+    """Utilisation and queue length over time (top), fragmentation over time (bottom)."""
+    a = timeline_arrays(result)
+    hours = (a["time_s"] - a["time_s"][0]) / 3600
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.step(hours, a["busy"] / result.cluster.world_size, where="post", label="busy GPUs / all")
+    top.step(
+        hours,
+        a["up"] / result.cluster.world_size,
+        where="post",
+        label="healthy GPUs / all",
+        alpha=0.6,
+    )
+    top.set_ylim(0, 1.05)
+    top.set_ylabel("fraction of GPUs")
+    queue = top.twinx()
+    queue.step(hours, a["waiting"], where="post", color="C3", alpha=0.5, label="jobs waiting")
+    queue.set_ylabel("jobs waiting")
+    top.legend(loc="lower left")
+    top.set_title(f"{result.policy} on {result.cluster.name} ({result.cluster.world_size} GPUs)")
+    bottom.step(hours, a["stranded"], where="post", label="free GPUs that fit no waiting TP group")
+    bottom.step(
+        hours, a["partial"], where="post", label="free GPUs on partly used nodes", alpha=0.7
+    )
+    bottom.set_ylim(0, 1.05)
+    bottom.set_xlabel("time (h)")
+    bottom.set_ylabel("fraction of free GPUs")
+    bottom.legend(loc="upper left")
+    return fig
+
+
+def plot_waits(stats: Sequence[ScheduleStats]) -> Figure:
+    """Mean wait per priority, one group of bars per run (e.g. first-fit vs best-fit)."""
+    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    ax = fig.subplots()
+    priorities = sorted({p for s in stats for p in s.wait_by_priority})
+    width = 0.8 / max(len(stats), 1)
+    for i, s in enumerate(stats):
+        minutes = [
+            s.wait_by_priority[p].mean_s / 60 if p in s.wait_by_priority else 0 for p in priorities
+        ]
+        ax.bar(np.arange(len(priorities)) + i * width, minutes, width, label=s.policy)
+    ax.set_xticks(
+        np.arange(len(priorities)) + width * (len(stats) - 1) / 2,
+        [f"priority {p}" for p in priorities],
+    )
+    ax.set_ylabel("mean wait (min)")
+    ax.legend()
+    return fig
