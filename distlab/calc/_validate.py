@@ -1,0 +1,67 @@
+"""Argument checks shared by the calculators: one clear ValueError per bad value."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` as an int >= 1 (a float such as 64.0 is accepted), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an integer >= 1, got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def positive(name: str, value: object) -> float:
+    """``value`` as a finite float > 0, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number > 0, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def fraction(name: str, value: object, *, allow_one: bool = True) -> float:
+    """``value`` in [0, 1] (or [0, 1) when ``allow_one`` is False)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number in [0, 1], got {value!r}")
+    upper_ok = value <= 1 if allow_one else value < 1
+    if not (value >= 0 and upper_ok):
+        bound = "[0, 1]" if allow_one else "[0, 1)"
+        raise ValueError(f"{name} must be in {bound}, got {value!r}")
+    return float(value)
+
+
+def choice(name: str, value: object, allowed: Iterable[object]) -> object:
+    """``value`` if it is one of ``allowed``, else ValueError listing them."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
+    return value
+
+
+def divides(name: str, divisor: int, total_name: str, total: int) -> None:
+    """ValueError unless ``divisor`` divides ``total``."""
+    if total % divisor:
+        raise ValueError(
+            f"{total_name}={total} is not divisible by {name}={divisor}; "
+            f"choose {name} among the divisors of {total}: {divisors(total)}"
+        )
+
+
+def divisors(n: int) -> list[int]:
+    """All divisors of ``n`` in increasing order."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]

@@ -1,0 +1,286 @@
+"""Communication volume per GPU per training step, and its time on a link.
+
+Each parallelism's traffic is a list of collectives (:class:`CommPart`).
+Bytes are counted the way a ring algorithm moves them (Thakur, Rabenseifner
+& Gropp 2005; Patarasuk & Yuan 2009): with K ranks and a buffer of n bytes,
+
+* all-reduce: each GPU sends 2 (K-1)/K n bytes in 2 (K-1) messages;
+* reduce-scatter and all-gather: (K-1)/K n bytes in K-1 messages
+  (n is the full, unsharded buffer);
+* send/recv: n bytes in one message.
+
+``.total`` is **bytes sent per GPU** (as many are received). The ZeRO paper
+(Rajbhandari et al. 2020, Section 7) counts differently: an all-reduce of Ψ
+elements moves 2Ψ, a reduce-scatter or all-gather Ψ, dropping (K-1)/K;
+``.zero_paper_bytes`` gives that convention (DDP 2Ψ, ZeRO-1 and 2 also 2Ψ,
+ZeRO-3 3Ψ: 1.5 times DDP).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ._validate import choice, positive, positive_int
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
+_ZERO_STAGES = (0, 1, 2, 3)
+_RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class CommPart:
+    """``count`` calls of one collective over ``group_size`` ranks on a
+    buffer of ``payload_bytes`` (the full buffer, before any sharding)."""
+
+    what: str
+    collective: str
+    group_size: int
+    payload_bytes: float
+    count: float = 1
+
+    def __post_init__(self) -> None:
+        choice("collective", self.collective, COLLECTIVES)
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes one GPU sends for all ``count`` calls (ring algorithms)."""
+        k = self.group_size
+        if self.collective == "send_recv":
+            per_call = self.payload_bytes
+        elif self.collective == "all_reduce":
+            per_call = 2 * (k - 1) / k * self.payload_bytes
+        else:
+            per_call = (k - 1) / k * self.payload_bytes
+        return per_call * self.count
+
+    @property
+    def messages(self) -> float:
+        """Sequential messages (each pays the latency alpha) for all calls, ring algorithms."""
+        return self.latency_steps()
+
+    def latency_steps(self, all_reduce: str = "ring") -> float:
+        """Sequential messages for all calls. ``all_reduce="tree"`` counts a
+        (double) binary tree all-reduce, 2 ceil(log2 K) steps, as NCCL uses at
+        scale; ``"auto"`` the smaller of ring and tree. Other collectives are rings."""
+        choice("all_reduce", all_reduce, ("ring", "tree", "auto"))
+        k = self.group_size
+        if k == 1:
+            return 0
+        if self.collective == "send_recv":
+            return self.count
+        if self.collective != "all_reduce":
+            return (k - 1) * self.count
+        ring, tree = 2 * (k - 1), 2 * math.ceil(math.log2(k))
+        steps = {"ring": ring, "tree": tree, "auto": min(ring, tree)}[all_reduce]
+        return steps * self.count
+
+    @property
+    def zero_paper_bytes(self) -> float:
+        """The ZeRO paper's count: all-reduce 2n, reduce-scatter/all-gather/send n."""
+        if self.group_size == 1:
+            return 0.0
+        factor = 2 if self.collective == "all_reduce" else 1
+        return factor * self.payload_bytes * self.count
+
+
+@dataclass(frozen=True)
+class CommVolume:
+    """The collectives one GPU takes part in during a step; ``.total`` bytes sent."""
+
+    name: str
+    parts: tuple[CommPart, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(p.bytes_sent for p in self.parts)
+
+    @property
+    def zero_paper_bytes(self) -> float:
+        return sum(p.zero_paper_bytes for p in self.parts)
+
+    @property
+    def messages(self) -> float:
+        return sum(p.messages for p in self.parts)
+
+    def time_on(self, link, *, all_reduce: str = "ring") -> float:
+        """Seconds on ``link`` (a :class:`distlab.sim.topology.Link`), one
+        collective after the other: messages x alpha + bytes / bandwidth.
+
+        The bandwidth term is always the ring's (bandwidth-optimal); with
+        ``all_reduce="tree"`` or ``"auto"`` all-reduces pay a tree's latency
+        instead (see :meth:`CommPart.latency_steps`): a lower bound of what
+        NCCL reaches by switching algorithm with message size.
+        """
+        steps = sum(p.latency_steps(all_reduce) for p in self.parts)
+        return time_on_link(self.total, link, messages=steps)
+
+
+def time_on_link(n_bytes: float, link, *, messages: float = 1) -> float:
+    """Alpha-beta time (Hockney 1994): messages x link.alpha + n_bytes / link.bandwidth."""
+    if n_bytes < 0:
+        raise ValueError(f"n_bytes must be >= 0, got {n_bytes!r}")
+    if messages < 0:
+        raise ValueError(f"messages must be >= 0, got {messages!r}")
+    return messages * link.alpha + n_bytes / link.bandwidth
+
+
+def data_parallel_comm(
+    n_params: float,
+    *,
+    dp: int,
+    zero_stage: int = 0,
+    bytes_per_param: int = 2,
+    bytes_per_grad: int = 2,
+    micro_batches: int = 1,
+) -> CommVolume:
+    """Gradient and parameter traffic of DDP and ZeRO over ``dp`` ranks.
+
+    ``n_params`` is the parameters this GPU's model replica holds (divide by
+    tp * pp first). Per step (ZeRO paper, Section 7.2):
+
+    * stage 0 (DDP): one all-reduce of the gradients (accumulated locally
+      over ``micro_batches``, as DDP's ``no_sync`` does);
+    * stage 1: a reduce-scatter of the gradients and an all-gather of the
+      updated parameters: the same volume as DDP;
+    * stage 2: the gradients are reduce-scattered after every micro-batch
+      (each rank keeps only its shard), plus one all-gather of parameters;
+    * stage 3 (FSDP): every micro-batch all-gathers the parameters for the
+      forward and again for the backward, and reduce-scatters the gradients:
+      3Ψ in the paper's count with one micro-batch.
+    """
+    psi = positive("n_params", n_params)
+    k = positive_int("dp", dp)
+    choice("zero_stage", zero_stage, _ZERO_STAGES)
+    m = positive_int("micro_batches", micro_batches)
+    grads = psi * positive_int("bytes_per_grad", bytes_per_grad)
+    params = psi * positive_int("bytes_per_param", bytes_per_param)
+    if zero_stage == 0:
+        parts = (CommPart("gradient all-reduce", "all_reduce", k, grads),)
+    elif zero_stage == 1:
+        parts = (
+            CommPart("gradient reduce-scatter", "reduce_scatter", k, grads),
+            CommPart("parameter all-gather", "all_gather", k, params),
+        )
+    elif zero_stage == 2:
+        parts = (
+            CommPart("gradient reduce-scatter (per micro-batch)", "reduce_scatter", k, grads, m),
+            CommPart("parameter all-gather", "all_gather", k, params),
+        )
+    else:
+        parts = (
+            CommPart("parameter all-gather, forward", "all_gather", k, params, m),
+            CommPart("parameter all-gather, backward", "all_gather", k, params, m),
+            CommPart("gradient reduce-scatter", "reduce_scatter", k, grads, m),
+        )
+    return CommVolume(f"data parallel, ZeRO stage {zero_stage}", parts)
+
+
+def ddp_bytes_per_gpu(n_params: float, *, dp: int, bytes_per_grad: int = 2) -> float:
+    """Bytes each GPU sends per DDP step: 2 (dp-1)/dp x n_params x bytes_per_grad
+    (ring all-reduce; 1B bf16 gradients on 8 GPUs: 3.5 GB)."""
+    return data_parallel_comm(n_params, dp=dp, bytes_per_grad=bytes_per_grad).total
+
+
+def fsdp_comm(
+    n_params: float, *, dp: int, bytes_per_param: int = 2, micro_batches: int = 1
+) -> CommVolume:
+    """FSDP (FULL_SHARD) is ZeRO stage 3: see :func:`data_parallel_comm`."""
+    return data_parallel_comm(
+        n_params,
+        dp=dp,
+        zero_stage=3,
+        bytes_per_param=bytes_per_param,
+        bytes_per_grad=bytes_per_param,
+        micro_batches=micro_batches,
+    )
+
+
+def tensor_parallel_comm(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    layers: int,
+    tp: int,
+    micro_batches: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    bytes_per_element: int = 2,
+) -> CommVolume:
+    """Megatron tensor parallelism's activation traffic for ``layers`` layers.
+
+    Each layer all-reduces its b x s x h output twice in the forward (after
+    attention and after the MLP) and twice in the backward (the gradients of
+    their inputs): Shoeybi et al. 2019, "Megatron-LM", Section 3. With
+    sequence parallelism (Korthikanti et al. 2022, Section 4.2.2) each
+    all-reduce becomes an all-gather plus a reduce-scatter: the same bytes.
+    Full recomputation repeats the forward, so its two all-reduces run again.
+    Per step: ``micro_batches`` x ``layers`` x those.
+    """
+    t = positive_int("tp", tp)
+    n_layers = positive_int("layers", layers)
+    m = positive_int("micro_batches", micro_batches)
+    choice("recompute", recompute, _RECOMPUTE)
+    payload = (
+        positive_int("seq_len", seq_len)
+        * positive_int("micro_batch", micro_batch)
+        * positive_int("hidden", hidden)
+        * positive_int("bytes_per_element", bytes_per_element)
+    )
+    forwards = 2 if recompute == "full" else 1
+    calls = {"forward": 2 * forwards * n_layers * m, "backward": 2 * n_layers * m}
+    parts: list[CommPart] = []
+    for phase, count in calls.items():
+        if sequence_parallel:
+            parts.append(CommPart(f"{phase} all-gather (SP)", "all_gather", t, payload, count))
+            parts.append(
+                CommPart(f"{phase} reduce-scatter (SP)", "reduce_scatter", t, payload, count)
+            )
+        else:
+            parts.append(CommPart(f"{phase} all-reduce", "all_reduce", t, payload, count))
+    return CommVolume("tensor parallel", tuple(parts))
+
+
+def pipeline_parallel_comm(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    micro_batches: int,
+    pp: int,
+    tp: int = 1,
+    virtual_stages: int = 1,
+    bytes_per_element: int = 2,
+) -> CommVolume:
+    """Point-to-point traffic of a middle pipeline stage per step.
+
+    For each micro-batch it sends its output activations (b x s x h) to the
+    next stage and the gradient of its input back to the previous one; the
+    first and last stages send half of this. With tensor parallelism each of
+    the tp ranks sends 1/tp of the tensor (Megatron's scatter/gather
+    optimisation, Narayanan et al. 2021, Section 4.1). The interleaved
+    schedule crosses v times more stage boundaries (Section 2.2.2).
+    """
+    p = positive_int("pp", pp)
+    t = positive_int("tp", tp)
+    s = positive_int("seq_len", seq_len)
+    if p == 1:
+        return CommVolume("pipeline parallel", ())
+    payload = (
+        s
+        * positive_int("micro_batch", micro_batch)
+        * positive_int("hidden", hidden)
+        * positive_int("bytes_per_element", bytes_per_element)
+        / t
+    )
+    count = positive_int("micro_batches", micro_batches) * positive_int(
+        "virtual_stages", virtual_stages
+    )
+    return CommVolume(
+        "pipeline parallel",
+        (
+            CommPart("activations to next stage", "send_recv", 2, payload, count),
+            CommPart("gradients to previous stage", "send_recv", 2, payload, count),
+        ),
+    )

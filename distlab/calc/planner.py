@@ -1,0 +1,440 @@
+"""Choose a 3D-parallel layout: enumerate (TP, PP, DP, ZeRO, micro-batches, recompute), rank by step time.
+
+Given a model, a cluster and a global batch (in sequences), :func:`plan`
+lists every layout that uses all GPUs (tp x pp x dp = GPUs), fits in GPU
+memory (:func:`~distlab.calc.memory.peak_bytes`), and estimates its step
+time from first principles:
+
+* **compute**: the model's FLOPs (6N + 12 l h s per token, PaLM Appendix B)
+  plus recomputation, spread over tp x pp GPUs per replica, at
+  ``compute_efficiency`` of the GPU's peak (an assumption, 0.5 by default:
+  large GEMMs on A100/H100 reach 50-60% end to end in Megatron-LM);
+* **tensor parallelism**: 4 all-reduces (6 with full recompute) of b x s x h
+  per layer and micro-batch (:func:`~distlab.calc.comm.tensor_parallel_comm`),
+  on the critical path;
+* **pipeline**: point-to-point sends per micro-batch, and the bubble: the
+  step takes (m + (p-1)/v) micro-batch slots (Narayanan et al. 2021, Section 2.2);
+* **data parallelism / ZeRO**: the gradient and parameter collectives
+  (:func:`~distlab.calc.comm.data_parallel_comm`; all-reduces pay the
+  smaller of a ring's and a tree's latency, as NCCL switches to trees at
+  scale), of which ``dp_overlap`` is hidden behind compute (0 by default:
+  a pessimistic bound).
+
+Each collective runs on the link its group uses. Ranks are numbered as
+Megatron-LM does (:mod:`distlab.placement.groups`: tp fastest, then dp, then
+pp) and fill nodes in order, so a group of ``size`` ranks ``stride`` apart
+stays inside one NVLink domain when stride x size <= GPUs per domain; otherwise
+it crosses the network, where each GPU gets its share of the node's NICs.
+That is why TP (the chattiest: every layer, every micro-batch) belongs inside
+a node, and :meth:`Plan.explain` shows the numbers.
+
+Rules the enumeration follows: tp divides the heads (and key/value heads),
+pp divides the layers, dp divides the global batch; ZeRO stages 2 and 3 are
+not combined with pipeline parallelism (with many micro-batches they would
+reduce-scatter gradients or gather parameters every micro-batch; DeepSpeed's
+pipeline engine allows only stage 1, and Megatron-LM's distributed optimizer
+is stage 1); sequence parallelism is on whenever tp > 1 (same traffic, less
+activation memory); the interleaved schedule needs m to be a multiple of p
+and v to divide the layers per stage. Pure Python; 16,384 GPUs enumerate in
+well under a second (``benchmarks/planner_scale.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..sim.topology import ClusterSpec, Link
+from ._validate import divisors, fraction, positive, positive_int
+from .comm import data_parallel_comm, pipeline_parallel_comm, tensor_parallel_comm
+from .flops import model_flops_per_token, recompute_overhead
+from .memory import PeakMemory, get_recipe, peak_bytes
+from .transformer import ModelSpec, model_preset
+from .units import GB, format_seconds
+
+
+@dataclass(frozen=True)
+class PlannerAssumptions:
+    """What the estimate assumes; every field is a knob of ``distlab plan``."""
+
+    compute_efficiency: float = 0.5
+    dp_overlap: float = 0.0
+    memory_headroom: float = 0.1
+    recipe: str = "mixed_adam"
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    virtual_stages: tuple[int, ...] = (1, 2, 4)
+    max_tp: int | None = None
+
+    def __post_init__(self) -> None:
+        if fraction("compute_efficiency", self.compute_efficiency) == 0:
+            raise ValueError("compute_efficiency must be > 0")
+        fraction("dp_overlap", self.dp_overlap)
+        fraction("memory_headroom", self.memory_headroom, allow_one=False)
+        get_recipe(self.recipe)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """One layout: tp x pp x dp GPUs, ZeRO stage, micro-batching, recompute, schedule."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero_stage: int
+    micro_batch: int
+    micro_batches: int
+    recompute: str
+    virtual_stages: int = 1
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved" if self.virtual_stages > 1 else "1f1b"
+
+    def label(self) -> str:
+        sched = f"interleaved v={self.virtual_stages}" if self.virtual_stages > 1 else "1F1B"
+        return (
+            f"TP={self.tp} PP={self.pp} DP={self.dp} ZeRO-{self.zero_stage} "
+            f"b={self.micro_batch} m={self.micro_batches} recompute={self.recompute}"
+            + (f" {sched}" if self.pp > 1 else "")
+        )
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The estimated memory and step time of one :class:`ParallelConfig` (seconds, bytes)."""
+
+    config: ParallelConfig
+    memory: PeakMemory
+    compute_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    bubble_s: float
+    dp_comm_s: float
+    step_s: float
+    mfu: float
+    links: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble_s / self.step_s
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["memory"] = {
+            "model_states": self.memory.model_states.total,
+            "parameters": self.memory.model_states.parameters,
+            "gradients": self.memory.model_states.gradients,
+            "optimizer_states": self.memory.model_states.optimizer_states,
+            "activations": self.memory.activations,
+            "recompute_workspace": self.memory.recompute_workspace,
+            "gathered_parameters": self.memory.gathered_parameters,
+            "total": self.memory.total,
+        }
+        d["bubble_fraction"] = self.bubble_fraction
+        d["label"] = self.config.label()
+        return d
+
+
+def group_link(cluster: ClusterSpec, *, stride: int, size: int) -> Link | None:
+    """The link a group of ``size`` ranks ``stride`` apart communicates over
+    (None for a group of one). Inside an NVLink domain: the intra-node link
+    (a shared bus is divided among the group; a PCIe box uses its slower
+    cross-socket path when the group spans PCIe switches). Across domains:
+    the network, each GPU getting nics_per_node / gpus_per_node of a NIC."""
+    if size == 1:
+        return None
+    span = stride * size
+    if span <= cluster.nvlink_domain_gpus:
+        if cluster.intra_kind == "bus":
+            intra = cluster.intra
+            return Link(f"{intra.name} shared by {size}", intra.alpha, intra.bandwidth / size)
+        if cluster.intra_kind == "pcie" and span > (cluster.gpus_per_pcie_switch or span):
+            return cluster.far_intra
+        return cluster.intra
+    inter = cluster.inter
+    share = cluster.nics_per_node / cluster.gpus_per_node
+    if share >= 1:
+        return inter
+    return Link(f"{inter.name} ({share:g} NIC per GPU)", inter.alpha, inter.bandwidth * share)
+
+
+@dataclass
+class Plan:
+    """Every layout :func:`plan` tried; ``candidates`` are the ones that fit, fastest first."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    global_batch: int
+    assumptions: PlannerAssumptions
+    candidates: list[StepEstimate]
+    n_enumerated: int
+    n_too_big: int
+
+    @property
+    def best(self) -> StepEstimate:
+        if not self.candidates:
+            raise ValueError(
+                f"no layout of {self.model.name} fits on {self.cluster.world_size} GPUs of "
+                f"{self.cluster.gpu_memory_bytes / GB:.0f} GB with global batch {self.global_batch}; "
+                "add GPUs, shrink the batch or allow more recompute/ZeRO"
+            )
+        return self.candidates[0]
+
+    def explain(self) -> list[str]:
+        """Why the winner wins: its memory, bubble, communication and links, in sentences."""
+        return _explain(self)
+
+    def to_dict(self, top: int = 10) -> dict:
+        return {
+            "model": self.model.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "global_batch": self.global_batch,
+            "assumptions": asdict(self.assumptions),
+            "n_enumerated": self.n_enumerated,
+            "n_feasible": len(self.candidates),
+            "n_too_big": self.n_too_big,
+            "candidates": [c.to_dict() for c in self.candidates[:top]],
+            "explanation": self.explain() if self.candidates else [],
+        }
+
+
+def plan(
+    model: ModelSpec | str,
+    cluster: ClusterSpec,
+    *,
+    global_batch: int,
+    assumptions: PlannerAssumptions | None = None,
+) -> Plan:
+    """Enumerate every layout of ``model`` on ``cluster`` for ``global_batch`` sequences.
+
+    ``model``: a :class:`~distlab.calc.transformer.ModelSpec` or a preset name
+    (``"70B"``). ``cluster``: a :class:`~distlab.sim.topology.ClusterSpec`
+    (e.g. ``preset("dgx-h100", nodes=16)``). Returns a :class:`Plan` whose
+    ``candidates`` (layouts that fit) are sorted by estimated step time.
+    """
+    spec = model_preset(model) if isinstance(model, str) else model
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
+    if not isinstance(cluster, ClusterSpec):
+        raise TypeError(f"cluster must be a distlab.sim.topology.ClusterSpec, got {cluster!r}")
+    batch = positive_int("global_batch", global_batch)
+    a = assumptions or PlannerAssumptions()
+    ctx = _Context(spec, cluster, a)
+    n_gpus = cluster.world_size
+    kv_heads = spec.kv_heads or spec.heads
+    candidates, enumerated, too_big = [], 0, 0
+    for tp in divisors(n_gpus):
+        if spec.heads % tp or kv_heads % tp or spec.seq_len % tp:
+            continue
+        if a.max_tp is not None and tp > a.max_tp:
+            continue
+        for pp in divisors(n_gpus // tp):
+            dp = n_gpus // (tp * pp)
+            if spec.layers % pp or batch % dp:
+                continue
+            local = batch // dp
+            for b in divisors(local):
+                m = local // b
+                for v in a.virtual_stages:
+                    if v > 1 and (pp == 1 or m % pp or (spec.layers // pp) % v):
+                        continue
+                    for zero in a.zero_stages:
+                        if (zero > 1 and pp > 1) or (zero > 0 and dp == 1):
+                            continue
+                        for rc in a.recompute:
+                            enumerated += 1
+                            cfg = ParallelConfig(tp, pp, dp, zero, b, m, rc, v)
+                            est = ctx.estimate(cfg)
+                            if est is None:
+                                too_big += 1
+                            else:
+                                candidates.append(est)
+    # Fastest first; layouts within 0.1% of each other's time: least memory first.
+    fastest = min((e.step_s for e in candidates), default=1.0)
+    candidates.sort(key=lambda e: (round(e.step_s / fastest, 3), e.memory.total))
+    return Plan(spec, cluster, batch, a, candidates, enumerated, too_big)
+
+
+class _Context:
+    """Per-plan constants and caches, so each layout costs a few arithmetic operations."""
+
+    def __init__(self, spec: ModelSpec, cluster: ClusterSpec, a: PlannerAssumptions) -> None:
+        self.spec, self.cluster, self.a = spec, cluster, a
+        self.recipe = get_recipe(a.recipe)
+        self.capacity = cluster.gpu_memory_bytes * (1 - a.memory_headroom)
+        self.peak = positive("gpu_peak_flops", cluster.gpu_peak_flops)
+        self.flops_per_token = model_flops_per_token(
+            spec.n_params, layers=spec.layers, hidden=spec.hidden, seq_len=spec.seq_len
+        )
+        self._links: dict[tuple[int, int], Link | None] = {}
+
+    def link(self, stride: int, size: int) -> Link | None:
+        key = (stride, size)
+        if key not in self._links:
+            self._links[key] = group_link(self.cluster, stride=stride, size=size)
+        return self._links[key]
+
+    def estimate(self, c: ParallelConfig) -> StepEstimate | None:
+        spec, a = self.spec, self.a
+        mem = peak_bytes(
+            n_params=spec.n_params,
+            layers=spec.layers,
+            hidden=spec.hidden,
+            heads=spec.heads,
+            seq_len=spec.seq_len,
+            micro_batch=c.micro_batch,
+            micro_batches=c.micro_batches,
+            recipe=a.recipe,
+            zero_stage=c.zero_stage,
+            dp=c.dp,
+            tp=c.tp,
+            pp=c.pp,
+            sequence_parallel=c.sequence_parallel,
+            recompute=c.recompute,
+            schedule=c.schedule,
+            virtual_stages=c.virtual_stages,
+            largest_layer_params=spec.largest_layer_params,
+        )
+        if mem.total > self.capacity:
+            return None
+        s, h = spec.seq_len, spec.hidden
+        layers_per_stage = spec.layers // c.pp
+        tokens = c.micro_batch * s
+        overhead = recompute_overhead(c.recompute, seq_len=s, hidden=h)
+        slot_compute = (self.flops_per_token * tokens * (1 + overhead) / (c.tp * c.pp)) / (
+            self.peak * a.compute_efficiency
+        )
+        tp_link = self.link(1, c.tp)
+        dp_link = self.link(c.tp, c.dp)
+        pp_link = self.link(c.tp * c.dp, c.pp)
+        slot_tp = 0.0
+        if tp_link is not None:
+            slot_tp = tensor_parallel_comm(
+                seq_len=s,
+                micro_batch=c.micro_batch,
+                hidden=h,
+                layers=layers_per_stage,
+                tp=c.tp,
+                sequence_parallel=c.sequence_parallel,
+                recompute=c.recompute,
+            ).time_on(tp_link)
+        slot_pp = 0.0
+        if pp_link is not None:
+            slot_pp = pipeline_parallel_comm(
+                seq_len=s,
+                micro_batch=c.micro_batch,
+                hidden=h,
+                micro_batches=1,
+                pp=c.pp,
+                tp=c.tp,
+                virtual_stages=c.virtual_stages,
+            ).time_on(pp_link)
+        slot = slot_compute + slot_tp + slot_pp
+        m, bubble_slots = c.micro_batches, (c.pp - 1) / c.virtual_stages
+        dp_s = 0.0
+        if dp_link is not None:
+            dp_s = data_parallel_comm(
+                spec.n_params / (c.tp * c.pp),
+                dp=c.dp,
+                zero_stage=c.zero_stage,
+                bytes_per_param=self.recipe.param_bytes,
+                bytes_per_grad=self.recipe.grad_bytes,
+                micro_batches=m,
+            ).time_on(dp_link, all_reduce="auto") * (1 - a.dp_overlap)
+        step = (m + bubble_slots) * slot + dp_s
+        model_flops = self.flops_per_token * tokens * m * c.dp
+        mfu = model_flops / (step * self.cluster.world_size * self.peak)
+        links = {
+            name: (link.name if link is not None else "-")
+            for name, link in (("tp", tp_link), ("pp", pp_link), ("dp", dp_link))
+        }
+        return StepEstimate(
+            c,
+            mem,
+            compute_s=m * slot_compute,
+            tp_comm_s=m * slot_tp,
+            pp_comm_s=m * slot_pp,
+            bubble_s=bubble_slots * slot,
+            dp_comm_s=dp_s,
+            step_s=step,
+            mfu=mfu,
+            links=links,
+        )
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f} GB"
+
+
+def _ms(x: float) -> str:
+    return format_seconds(x)
+
+
+def _explain(p: Plan) -> list[str]:
+    best, c, cl = p.best, p.best.config, p.cluster
+    mem, states = best.memory, best.memory.model_states
+    lines = [
+        f"{p.model.name} ({p.model.n_params / 1e9:.1f}B parameters) on {cl.world_size} GPUs "
+        f"({cl.nodes} x {cl.gpus_per_node}, {cl.name}), global batch {p.global_batch} x "
+        f"{p.model.seq_len} tokens: {p.n_enumerated} layouts tried, {len(p.candidates)} fit.",
+        f"Winner: {c.label()}.",
+        f"Memory per GPU: {_gb(mem.total)} of {_gb(cl.gpu_memory_bytes)} "
+        f"({p.assumptions.memory_headroom:.0%} kept free): model states {_gb(states.total)} "
+        f"(parameters {_gb(states.parameters)}, gradients {_gb(states.gradients)}, optimizer "
+        f"{_gb(states.optimizer_states)}), activations {_gb(mem.activations)} for "
+        f"{mem.in_flight_micro_batches:g} micro-batch(es) x {mem.layers_per_stage} layers"
+        + (
+            f", recompute workspace {_gb(mem.recompute_workspace)}"
+            if mem.recompute_workspace
+            else ""
+        )
+        + (f", gathered layer {_gb(mem.gathered_parameters)}" if mem.gathered_parameters else "")
+        + ".",
+        f"Step {_ms(best.step_s)}: compute {_ms(best.compute_s)}, TP communication "
+        f"{_ms(best.tp_comm_s)}, pipeline sends {_ms(best.pp_comm_s)}, bubble {_ms(best.bubble_s)} "
+        f"({best.bubble_fraction:.1%} of the step), exposed DP/ZeRO communication "
+        f"{_ms(best.dp_comm_s)}; MFU {best.mfu:.1%} at an assumed "
+        f"{p.assumptions.compute_efficiency:.0%} of peak for the matmuls.",
+        f"Links: TP over {best.links['tp']}, PP over {best.links['pp']}, DP over {best.links['dp']}.",
+    ]
+    lines.append(_why_tp_inside(p))
+    return lines
+
+
+def _why_tp_inside(p: Plan) -> str:
+    best, c, cl = p.best, p.best.config, p.cluster
+    if c.tp == 1:
+        return (
+            "TP = 1: the model fits without splitting layers, so no per-layer all-reduces are paid."
+        )
+    spec = p.model
+    comm = tensor_parallel_comm(
+        seq_len=spec.seq_len,
+        micro_batch=c.micro_batch,
+        hidden=spec.hidden,
+        layers=spec.layers // c.pp,
+        tp=c.tp,
+        micro_batches=c.micro_batches,
+        sequence_parallel=c.sequence_parallel,
+        recompute=c.recompute,
+    )
+    network = group_link(cl, stride=cl.nvlink_domain_gpus, size=c.tp)
+    on_network = comm.time_on(network)
+    text = (
+        f"Why TP stays inside the NVLink domain: each GPU sends {_gb(comm.total)} of TP traffic per "
+        f"step in {comm.messages:.0f} messages; that takes {_ms(best.tp_comm_s)} over "
+        f"{best.links['tp']} but would take {_ms(on_network)} over {network.name}, "
+        f"{on_network / max(best.tp_comm_s, 1e-12):.0f}x longer, on the critical path of every "
+        "micro-batch."
+    )
+    across = [e for e in p.candidates if e.config.tp > cl.nvlink_domain_gpus]
+    if across:
+        text += (
+            f" The fastest layout with TP across domains ({across[0].config.label()}) takes "
+            f"{_ms(across[0].step_s)} per step, {across[0].step_s / best.step_s:.2f}x the winner."
+        )
+    return text
