@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = [
     "distlab.collectives.bench",  # distlab bench
     "distlab.sim.commands",  # distlab sim
+    "distlab.placement.commands",  # distlab place, distlab schedule
 ]
 
 

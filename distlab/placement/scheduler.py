@@ -177,7 +177,8 @@ class Scheduler:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, jobs: list[Job]) -> ScheduleResult:
-        """Simulate until no event is left; jobs that can never run stay queued with a reason."""
+        """Simulate until every job is done or infeasible, or no event is left (then jobs that
+        cannot run stay queued with a reason); failures after the last job ends are not replayed."""
         names = [j.name for j in jobs]
         if len(set(names)) != len(names):
             raise ValueError("job names must be unique")
@@ -193,8 +194,8 @@ class Scheduler:
             self._push(job.submit_s, SUBMIT, i)
         for ev in self.failures:
             self._push(ev.time_s, ev.kind, ev.node)
-        events = 0
-        while self.heap:
+        events, self.unsettled = 0, len(jobs)  # jobs not yet done or infeasible
+        while self.heap and self.unsettled:
             t, _, kind, payload = heapq.heappop(self.heap)
             events += 1
             self._handle(t, kind, payload)
@@ -227,6 +228,7 @@ class Scheduler:
         reason = self._infeasible(rec.job)
         if reason:
             rec.state, rec.reason = "infeasible", reason
+            self.unsettled -= 1
             return
         rec.state, rec.queued_since = "waiting", t
         self.waiting.add(idx)
@@ -246,6 +248,7 @@ class Scheduler:
         rec = self.records[run.idx]
         self._close_segment(t, run, finished=True)
         rec.state, rec.end_s, rec.work_done_s = "done", t, rec.job.duration_s
+        self.unsettled -= 1
         self._release(run.slots, rec.job.tp)
         del self.running[run.idx]
 
