@@ -54,8 +54,7 @@ def plot_placement(
             node, local = divmod(gpu, g)
             if node in row_of:
                 label[row_of[node], local] = rank
-        cmap = ListedColormap([f"C{i % 10}" for i in range(20)])
-        cmap.set_bad("#dddddd")
+        cmap = ListedColormap([f"C{i % 10}" for i in range(20)]).with_extremes(bad="#dddddd")
         ax.imshow(np.ma.masked_invalid(colour), cmap=cmap, vmin=0, vmax=19, aspect="auto")
         for (r, c), rank in np.ndenumerate(label):
             if rank >= 0 and g <= 16:
