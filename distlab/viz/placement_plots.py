@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from matplotlib.colors import ListedColormap
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from distlab.placement.placer import Placement
@@ -54,7 +54,7 @@ def plot_placement(
             node, local = divmod(gpu, g)
             if node in row_of:
                 label[row_of[node], local] = rank
-        cmap = ListedColormap([f"C{i % 10}" for i in range(20)]).with_extremes(bad="#dddddd")
+        cmap = colormaps["tab20"].with_extremes(bad="#dddddd")
         ax.imshow(np.ma.masked_invalid(colour), cmap=cmap, vmin=0, vmax=19, aspect="auto")
         for (r, c), rank in np.ndenumerate(label):
             if rank >= 0 and g <= 16:
