@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "distlab.collectives.bench",  # distlab bench
     "distlab.sim.commands",  # distlab sim
     "distlab.placement.commands",  # distlab place, distlab schedule
+    "distlab.calc.commands",  # distlab memory, distlab bubble, distlab plan
 ]
 
 

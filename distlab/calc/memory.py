@@ -296,15 +296,15 @@ def peak_bytes(
     choice("schedule", schedule, SCHEDULES)
     rec = get_recipe(recipe)
     states = model_state_bytes(n_params, recipe=recipe, zero_stage=zero_stage, dp=dp, tp=tp, pp=p)
-    act_kwargs = dict(
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        hidden=hidden,
-        heads=heads,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        flash_attention=flash_attention,
-    )
+    act_kwargs = {
+        "seq_len": seq_len,
+        "micro_batch": micro_batch,
+        "hidden": hidden,
+        "heads": heads,
+        "tp": tp,
+        "sequence_parallel": sequence_parallel,
+        "flash_attention": flash_attention,
+    }
     per_layer = activation_bytes_per_layer(recompute=recompute, **act_kwargs)
     in_flight = in_flight_micro_batches(
         p, micro_batches, schedule=schedule, virtual_stages=virtual_stages

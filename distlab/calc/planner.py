@@ -375,34 +375,51 @@ def _ms(x: float) -> str:
 
 
 def _explain(p: Plan) -> list[str]:
-    best, c, cl = p.best, p.best.config, p.cluster
-    mem, states = best.memory, best.memory.model_states
-    lines = [
+    best, cl = p.best, p.cluster
+    header = (
         f"{p.model.name} ({p.model.n_params / 1e9:.1f}B parameters) on {cl.world_size} GPUs "
         f"({cl.nodes} x {cl.gpus_per_node}, {cl.name}), global batch {p.global_batch} x "
-        f"{p.model.seq_len} tokens: {p.n_enumerated} layouts tried, {len(p.candidates)} fit.",
-        f"Winner: {c.label()}.",
-        f"Memory per GPU: {_gb(mem.total)} of {_gb(cl.gpu_memory_bytes)} "
+        f"{p.model.seq_len} tokens: {p.n_enumerated} layouts tried, {len(p.candidates)} fit."
+    )
+    links = (
+        f"Links: TP over {best.links['tp']}, PP over {best.links['pp']}, "
+        f"DP over {best.links['dp']}."
+    )
+    return [
+        header,
+        f"Winner: {best.config.label()}.",
+        _memory_line(p),
+        _time_line(p),
+        links,
+        _why_tp_inside(p),
+    ]
+
+
+def _memory_line(p: Plan) -> str:
+    mem, states = p.best.memory, p.best.memory.model_states
+    extras = ""
+    if mem.recompute_workspace:
+        extras += f", recompute workspace {_gb(mem.recompute_workspace)}"
+    if mem.gathered_parameters:
+        extras += f", gathered layer {_gb(mem.gathered_parameters)}"
+    return (
+        f"Memory per GPU: {_gb(mem.total)} of {_gb(p.cluster.gpu_memory_bytes)} "
         f"({p.assumptions.memory_headroom:.0%} kept free): model states {_gb(states.total)} "
         f"(parameters {_gb(states.parameters)}, gradients {_gb(states.gradients)}, optimizer "
         f"{_gb(states.optimizer_states)}), activations {_gb(mem.activations)} for "
-        f"{mem.in_flight_micro_batches:g} micro-batch(es) x {mem.layers_per_stage} layers"
-        + (
-            f", recompute workspace {_gb(mem.recompute_workspace)}"
-            if mem.recompute_workspace
-            else ""
-        )
-        + (f", gathered layer {_gb(mem.gathered_parameters)}" if mem.gathered_parameters else "")
-        + ".",
+        f"{mem.in_flight_micro_batches:g} micro-batch(es) x {mem.layers_per_stage} layers{extras}."
+    )
+
+
+def _time_line(p: Plan) -> str:
+    best = p.best
+    return (
         f"Step {_ms(best.step_s)}: compute {_ms(best.compute_s)}, TP communication "
-        f"{_ms(best.tp_comm_s)}, pipeline sends {_ms(best.pp_comm_s)}, bubble {_ms(best.bubble_s)} "
-        f"({best.bubble_fraction:.1%} of the step), exposed DP/ZeRO communication "
-        f"{_ms(best.dp_comm_s)}; MFU {best.mfu:.1%} at an assumed "
-        f"{p.assumptions.compute_efficiency:.0%} of peak for the matmuls.",
-        f"Links: TP over {best.links['tp']}, PP over {best.links['pp']}, DP over {best.links['dp']}.",
-    ]
-    lines.append(_why_tp_inside(p))
-    return lines
+        f"{_ms(best.tp_comm_s)}, pipeline sends {_ms(best.pp_comm_s)}, bubble "
+        f"{_ms(best.bubble_s)} ({best.bubble_fraction:.1%} of the step), exposed DP/ZeRO "
+        f"communication {_ms(best.dp_comm_s)}; MFU {best.mfu:.1%} at an assumed "
+        f"{p.assumptions.compute_efficiency:.0%} of peak for the matmuls."
+    )
 
 
 def _why_tp_inside(p: Plan) -> str:

@@ -82,7 +82,7 @@ def format_count(n: float) -> str:
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_bytes(text: str | float | int) -> float:
+def parse_bytes(text: str | float) -> float:
     """'80GB' -> 8e10, '80GiB' -> 85899345920, '1.5e9' -> 1.5e9 (plain numbers are bytes)."""
     if isinstance(text, (int, float)):
         value = float(text)

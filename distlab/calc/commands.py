@@ -1,0 +1,325 @@
+"""``distlab memory``, ``distlab bubble`` and ``distlab plan``: the calculators on the command line.
+
+Each prints a rich table, or JSON with ``--json``::
+
+    distlab memory --params 7.5e9 --recipe mixed_adam --dp 64
+    distlab bubble --stages 4 --micro-batches 8
+    distlab plan --model 70B --cluster dgx-h100 --nodes 16 --global-batch 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from . import memory, pipeline
+from .transformer import MODEL_PRESETS, ModelSpec, gpt_shape_for, model_preset
+from .units import GB, GiB, format_seconds
+
+
+def register(subparsers) -> None:
+    """Add the ``memory``, ``bubble`` and ``plan`` subcommands."""
+    _register_memory(subparsers)
+    _register_bubble(subparsers)
+    _register_plan(subparsers)
+
+
+def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    if not console.is_terminal:  # pipes and notebooks: don't squeeze into 80 columns
+        console = Console(width=120)
+    console.print(table)
+    for note in notes:
+        console.print(note, highlight=False)
+
+
+# -- distlab memory -------------------------------------------------------------
+
+
+def _register_memory(subparsers) -> None:
+    p = subparsers.add_parser(
+        "memory", help="model-state bytes per GPU for ZeRO stages 0-3 (ZeRO paper, Table 1)"
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--params", type=float, help="number of parameters, e.g. 7.5e9")
+    what.add_argument("--model", help=f"a model preset: {', '.join(MODEL_PRESETS)}")
+    p.add_argument("--recipe", default="mixed_adam", help=f"one of {', '.join(memory.RECIPES)}")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks ZeRO shards over")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (split weights first)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (split weights first)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_memory_main)
+
+
+def memory_table(
+    n_params: float, *, recipe: str = "mixed_adam", dp: int = 1, tp: int = 1, pp: int = 1
+) -> list[dict]:
+    """One row per ZeRO stage: bytes of parameters, gradients, optimizer states, total."""
+    rows = []
+    for stage in memory.ZERO_STAGES:
+        b = memory.model_state_bytes(n_params, recipe=recipe, zero_stage=stage, dp=dp, tp=tp, pp=pp)
+        rows.append(
+            {
+                "zero_stage": stage,
+                "parameters": b.parameters,
+                "gradients": b.gradients,
+                "optimizer_states": b.optimizer_states,
+                "total": b.total,
+            }
+        )
+    return rows
+
+
+def _memory_main(args) -> int:
+    n_params = args.params if args.params is not None else model_preset(args.model).n_params
+    rows = memory_table(n_params, recipe=args.recipe, dp=args.dp, tp=args.tp, pp=args.pp)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "n_params": n_params,
+                    "recipe": args.recipe,
+                    "dp": args.dp,
+                    "tp": args.tp,
+                    "pp": args.pp,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
+        return 0
+    names = {0: "0 (plain DP)", 1: "1 (P_os)", 2: "2 (P_os+g)", 3: "3 (P_os+g+p)"}
+    table = [
+        [names[r["zero_stage"]]]
+        + [f"{r[k] / GB:.2f}" for k in ("parameters", "gradients", "optimizer_states", "total")]
+        + [f"{r['total'] / GiB:.2f}"]
+        for r in rows
+    ]
+    rec = memory.get_recipe(args.recipe)
+    _print_table(
+        f"Model states per GPU: {n_params:.3g} parameters, {args.recipe}, "
+        f"dp={args.dp} tp={args.tp} pp={args.pp}",
+        ["ZeRO stage", "params GB", "grads GB", "optimizer GB", "total GB", "total GiB"],
+        table,
+        [f"{rec.description}.", "GB = 1e9 bytes (the ZeRO paper's unit), GiB = 2^30 bytes."],
+    )
+    return 0
+
+
+# -- distlab bubble -------------------------------------------------------------
+
+
+def _register_bubble(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bubble", help="pipeline bubble of GPipe, 1F1B and interleaved (Narayanan et al. 2021)"
+    )
+    p.add_argument("--stages", type=int, required=True, help="pipeline stages p")
+    p.add_argument("--micro-batches", type=int, required=True, help="micro-batches m per step")
+    p.add_argument("--virtual-stages", type=int, default=2, help="chunks per rank (interleaved)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_bubble_main)
+
+
+def bubble_table(stages: int, micro_batches: int, *, virtual_stages: int = 2) -> list[dict]:
+    """One row per schedule: bubble fractions, in-flight micro-batches, and the bubble
+    counted by replaying the schedule (None where the schedule cannot be built)."""
+    rows = []
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", virtual_stages)):
+        kw = {"schedule": schedule, "virtual_stages": v}
+        try:
+            replayed = pipeline.replay(pipeline.schedule_ops(stages, micro_batches, **kw))
+            counted = replayed.bubble_fraction
+        except ValueError:  # interleaved needs m to be a multiple of p
+            counted = None
+        rows.append(
+            {
+                "schedule": schedule,
+                "virtual_stages": v,
+                "bubble_of_total": pipeline.bubble_fraction(stages, micro_batches, **kw),
+                "bubble_over_ideal": pipeline.bubble_fraction(
+                    stages, micro_batches, relative_to="ideal", **kw
+                ),
+                "in_flight_micro_batches": pipeline.in_flight_micro_batches(
+                    stages, micro_batches, **kw
+                ),
+                "bubble_counted_from_schedule": counted,
+            }
+        )
+    return rows
+
+
+def _bubble_main(args) -> int:
+    rows = bubble_table(args.stages, args.micro_batches, virtual_stages=args.virtual_stages)
+    if args.json:
+        print(
+            json.dumps(
+                {"stages": args.stages, "micro_batches": args.micro_batches, "rows": rows}, indent=1
+            )
+        )
+        return 0
+    table = [
+        [
+            r["schedule"]
+            + (f" (v={r['virtual_stages']})" if r["schedule"] == "interleaved" else ""),
+            f"{r['bubble_of_total']:.2%}",
+            f"{r['bubble_over_ideal']:.2%}",
+            f"{r['in_flight_micro_batches']:g}",
+            "-"
+            if r["bubble_counted_from_schedule"] is None
+            else f"{r['bubble_counted_from_schedule']:.2%}",
+        ]
+        for r in rows
+    ]
+    _print_table(
+        f"Pipeline bubble: p={args.stages} stages, m={args.micro_batches} micro-batches",
+        ["schedule", "bubble / step", "bubble / ideal", "in flight (stage 0)", "replayed"],
+        table,
+        [
+            (
+                "bubble / step = (p-1)/(vm+p-1); bubble / ideal = (p-1)/(vm) "
+                "(Narayanan et al. 2021, Section 2.2)."
+            ),
+            "replayed: idle share counted by timing the schedule's ops (backward = 2 x forward).",
+        ],
+    )
+    return 0
+
+
+# -- distlab plan -----------------------------------------------------------------
+
+
+def _register_plan(subparsers) -> None:
+    from ..sim.topology import PRESETS
+
+    p = subparsers.add_parser(
+        "plan", help="rank 3D-parallel layouts (TP, PP, DP, ZeRO, micro-batches, recompute)"
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help=f"a model preset: {', '.join(MODEL_PRESETS)}")
+    what.add_argument("--params", type=float, help="parameters only: a GPT shape is chosen")
+    what.add_argument("--layers", type=int, help="custom shape: also --hidden, --heads")
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: model's)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)}")
+    where.add_argument("--cluster-file", help="a cluster spec in JSON or YAML")
+    p.add_argument("--nodes", type=int, default=None, help="number of nodes (default: preset's)")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    p.add_argument("--top", type=int, default=10, help="layouts to show")
+    p.add_argument(
+        "--compute-efficiency",
+        type=float,
+        default=0.5,
+        help="fraction of peak FLOP/s the matmuls reach (default 0.5)",
+    )
+    p.add_argument(
+        "--dp-overlap",
+        type=float,
+        default=0.0,
+        help="fraction of DP/ZeRO communication hidden behind compute (default 0)",
+    )
+    p.add_argument(
+        "--headroom", type=float, default=0.1, help="fraction of GPU memory kept free (default 0.1)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_plan_main)
+
+
+def _model_from_args(args) -> ModelSpec:
+    if args.model is not None:
+        spec = model_preset(args.model)
+    elif args.params is not None:
+        spec = gpt_shape_for(args.params, seq_len=args.seq_len or 2048, vocab=args.vocab)
+    else:
+        if args.hidden is None or args.heads is None:
+            raise ValueError("a custom model needs --layers, --hidden and --heads")
+        spec = ModelSpec(
+            "custom",
+            args.layers,
+            args.hidden,
+            args.heads,
+            vocab=args.vocab,
+            seq_len=args.seq_len or 2048,
+        )
+    if args.seq_len is not None and args.seq_len != spec.seq_len:
+        from dataclasses import replace
+
+        spec = replace(spec, seq_len=args.seq_len)
+    return spec
+
+
+def _plan_main(args) -> int:
+    from ..sim.topology import load_cluster, preset
+    from .planner import PlannerAssumptions, plan
+
+    spec = _model_from_args(args)
+    if args.cluster is not None:
+        cluster = preset(args.cluster, nodes=args.nodes)
+    else:
+        cluster = load_cluster(args.cluster_file)
+        if args.nodes is not None:
+            cluster = cluster.with_nodes(args.nodes)
+    assumptions = PlannerAssumptions(
+        compute_efficiency=args.compute_efficiency,
+        dp_overlap=args.dp_overlap,
+        memory_headroom=args.headroom,
+    )
+    result = plan(spec, cluster, global_batch=args.global_batch, assumptions=assumptions)
+    if args.json:
+        print(json.dumps(result.to_dict(top=args.top), indent=1))
+        return 0
+    _ = result.best  # raises a clear ValueError when nothing fits
+    rows = [
+        [
+            str(i + 1),
+            f"{e.config.tp}/{e.config.pp}/{e.config.dp}",
+            str(e.config.zero_stage),
+            f"{e.config.micro_batch} x {e.config.micro_batches}",
+            e.config.recompute,
+            e.config.schedule
+            + (f" v={e.config.virtual_stages}" if e.config.virtual_stages > 1 else ""),
+            f"{e.memory.total / GB:.1f}",
+            f"{e.bubble_fraction:.1%}",
+            format_seconds(e.tp_comm_s + e.pp_comm_s + e.dp_comm_s),
+            format_seconds(e.step_s),
+            f"{e.mfu:.1%}",
+        ]
+        for i, e in enumerate(result.candidates[: args.top])
+    ]
+    _print_table(
+        f"Layouts for {spec.name} on {cluster.world_size} GPUs ({cluster.name}), "
+        f"global batch {args.global_batch}",
+        [
+            "#",
+            "TP/PP/DP",
+            "ZeRO",
+            "b x m",
+            "recompute",
+            "schedule",
+            "GB/GPU",
+            "bubble",
+            "comm",
+            "step",
+            "MFU",
+        ],
+        rows,
+        result.explain(),
+    )
+    return 0
+
+
+def standalone_parser() -> argparse.ArgumentParser:
+    """A ``distlab`` parser with only these three subcommands (used by the tests)."""
+    parser = argparse.ArgumentParser(prog="distlab")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
