@@ -75,65 +75,76 @@ def _read_raw_key(stream: TextIO, termios, tty) -> str:
 
 # -- drill --------------------------------------------------------------------------------
 def run_drill(session: DrillSession, console: Console, read_key: Callable[[], str]) -> int:
-    """The terminal drill loop; returns the number of reviews made."""
+    """The terminal drill loop; returns the number of reviews made (net of undos)."""
     reviewed = 0
-    while (card := session.current) is not None:
-        c = session.counts
-        console.rule(
-            f"[blue]New {c.new}[/] · [red]Learning {c.learning}[/] · [green]Review {c.review}[/]"
-            f"   reviewed today: {session.reviewed_today}"
-        )
-        state = session.state_of(card)
-        badge = "new" if state is None else state.card.state.name.lower()
-        console.print(
-            Panel(
-                Markdown(to_terminal(card.q)),
-                title=f"{card.notebook} · {badge}",
-                title_align="left",
+    while True:
+        card = session.current
+        if card is None:
+            later = session.next_due
+            when = (
+                ""
+                if later is None
+                else f" Next card due in {format_interval(later - session.now())}."
             )
-        )
+            console.print(f"[bold]Nothing due now.[/]{when}")
+            if not session.can_undo:
+                break
+            console.print("[dim]u: undo the last review   any other key: quit[/]")
+            if read_key() != "u":
+                break
+            reviewed -= _undo(session, console)
+            continue
+        _show(console, session, card.q, title=card.notebook)
         console.print("[dim]Space/Enter: show answer   u: undo   q: quit[/]")
         key = read_key()
+        if key == "u":
+            reviewed -= _undo(session, console)
+            continue
         if key == QUIT:
             break
-        if key == "u":
-            _undo(session, console)
-            continue
         shown = time.monotonic()
         console.print(Panel(Markdown(to_terminal(card.a)), title="answer", title_align="left"))
-        labels = session.labels()
-        console.print("   ".join(f"[bold]{int(r)}[/] {label}" for r, label in labels.items()))
+        console.print(
+            "   ".join(f"[bold]{int(r)}[/] {label}" for r, label in session.labels().items())
+        )
         while (key := read_key()) not in RATING_KEYS and key not in (QUIT, "u"):
             console.print("[dim]1 Again, 2 Hard, 3 Good, 4 Easy (u: undo, q: quit)[/]")
+        if key == "u":
+            reviewed -= _undo(session, console)
+            continue
         if key == QUIT:
             break
-        if key == "u":
-            _undo(session, console)
-            continue
         result = session.rate(RATING_KEYS[key], duration_ms=int((time.monotonic() - shown) * 1000))
         reviewed += 1
         if result.became_leech:
             console.print(
-                f"[bold red]{card.slug} is a leech[/] ({result.state.lapses} lapses): tagged and suspended. "
-                f"Study {card.notebook}, then `flashcards unsuspend {card.slug}`."
+                f"[bold red]{card.slug} is a leech[/] ({result.state.lapses} lapses): tagged and "
+                f"suspended. Study {card.notebook}, then `flashcards unsuspend {card.slug}`."
             )
-    if session.current is None:
-        later = (
-            ""
-            if session.next_due is None
-            else f" Next card due in {format_interval(session.next_due - session.now())}."
-        )
-        console.print(f"[bold]Nothing due now.[/]{later}")
     console.print(f"Reviewed {reviewed} card(s) in this drill, {session.reviewed_today} today.")
     return reviewed
 
 
-def _undo(session: DrillSession, console: Console) -> None:
+def _show(console: Console, session: DrillSession, question: str, *, title: str) -> None:
+    c = session.counts
+    console.rule(
+        f"[blue]New {c.new}[/] · [red]Learning {c.learning}[/] · [green]Review {c.review}[/]"
+        f"   reviewed today: {session.reviewed_today}"
+    )
+    state = session.state_of(session.current)
+    badge = "new" if state is None else state.card.state.name.lower()
+    panel = Panel(Markdown(to_terminal(question)), title=f"{title} · {badge}", title_align="left")
+    console.print(panel)
+
+
+def _undo(session: DrillSession, console: Console) -> int:
+    """Undo this drill's last review; returns how many reviews were undone (0 or 1)."""
     if not session.can_undo:
         console.print("[dim]nothing to undo[/]")
-        return
+        return 0
     card = session.undo()
     console.print(f"Undid the last review of {card.slug}.")
+    return 1
 
 
 # -- commands -----------------------------------------------------------------------------

@@ -158,11 +158,10 @@ class DrillSession:
         rating = Rating(rating)
         outcomes = self.outcomes()
         shown_at, based_on, _ = self._outcomes  # type: ignore[misc]
-        now = self.now()
-
         decided: list[bool] = []
 
         def decide(current: StoredCard | None) -> NewReview:
+            now = self.now()  # read under the write lock, so log time order = commit order
             if (current.last_review_id if current else None) == based_on:
                 # Apply the previewed outcome, shifted to the moment of rating: FSRS counts
                 # elapsed time in whole days, so the memory state is the same, and the
