@@ -7,7 +7,7 @@ turn that into what to drill::
     >>> flashcards.tags_for_notebook("02-collectives")
     ['collectives']
     >>> flashcards.drill_command(notebook="02-collectives#all-reduce")
-    'flashcards drill --notebook 02-collectives#all-reduce'
+    "flashcards drill --notebook '02-collectives#all-reduce'"
 
 ``notebook`` is a folder (every section) or a ``folder#section`` anchor, matched the way
 ``flashcards drill --notebook`` matches it.

@@ -96,6 +96,7 @@ def compute_stats(
 def plot_stats(stats: DeckStats, path: str | os.PathLike) -> Path:
     """Save a two-panel figure (due forecast, reviews per day) to ``path``."""
     from matplotlib.figure import Figure  # no pyplot: leaves the notebook's backend alone
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     ax_due, ax_done = fig.subplots(1, 2)
@@ -109,9 +110,11 @@ def plot_stats(stats: DeckStats, path: str | os.PathLike) -> Path:
     retention = "n/a" if stats.retention is None else f"{stats.retention:.0%}"
     ax_done.set(
         title=f"Reviews per day (true retention {retention}, {stats.retention_reviews} reviews)",
-        xlabel="days ago",
+        xlabel="days from today",
         ylabel="reviews",
     )
+    for ax in (ax_due, ax_done):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
