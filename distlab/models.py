@@ -191,8 +191,9 @@ class GPTBlock(nn.Module):
 class GPT(nn.Module):
     """Token + learned position embeddings, ``layers`` :class:`GPTBlock` s, a final
     LayerNorm and a language-model head (tied to the token embedding unless
-    ``tie_embeddings=False``). ``forward(tokens)`` returns logits
-    ``(batch, seq, vocab)``; ``loss(tokens, targets)`` the mean cross-entropy."""
+    ``tie_embeddings=False``), initialised as GPT-2 (weights N(0, 0.02), zero
+    biases). ``forward(tokens)`` returns logits ``(batch, seq, vocab)``;
+    ``loss(tokens, targets)`` the mean cross-entropy."""
 
     def __init__(self, config: GPTConfig | None = None, *, seed: int = 0) -> None:
         super().__init__()
@@ -207,6 +208,11 @@ class GPT(nn.Module):
             )
             self.ln_f = nn.LayerNorm(c.hidden)
             self.head = nn.Linear(c.hidden, c.vocab, bias=False)
+            for module in self.modules():  # GPT-2's initialisation: N(0, 0.02), zero biases
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
         if c.tie_embeddings:
             self.head.weight = self.tok.weight
 

@@ -1,0 +1,145 @@
+"""Figures for the calculators: memory per ZeRO stage, pipeline bubbles, schedule Gantt charts.
+
+Each function returns a :class:`matplotlib.figure.Figure` (no pyplot state),
+which a notebook displays when it is the cell's value. Every number drawn
+comes from :mod:`distlab.calc`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from distlab.calc import memory, pipeline
+from distlab.calc.units import BYTE_UNITS
+
+_STATE_COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_states": "#55a868"}
+
+
+def plot_memory_by_zero_stage(
+    n_params: float,
+    *,
+    recipe: str = "mixed_adam",
+    dp: int = 8,
+    tp: int = 1,
+    pp: int = 1,
+    unit: str = "GB",
+) -> Figure:
+    """Stacked bars of parameter, gradient and optimizer-state bytes per GPU
+    for ZeRO stages 0-3 (:func:`distlab.calc.memory.model_state_bytes`),
+    each bar labelled with its total in ``unit`` (GB = 1e9 bytes, GiB = 2^30)."""
+    if unit not in BYTE_UNITS:
+        raise ValueError(f"unknown unit {unit!r}; allowed: {list(BYTE_UNITS)}")
+    scale = BYTE_UNITS[unit]
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for stage in memory.ZERO_STAGES:
+        states = memory.model_state_bytes(
+            n_params, recipe=recipe, zero_stage=stage, dp=dp, tp=tp, pp=pp
+        )
+        bottom = 0.0
+        for part, color in _STATE_COLORS.items():
+            height = getattr(states, part) / scale
+            ax.bar(stage, height, bottom=bottom, color=color, width=0.6)
+            bottom += height
+        ax.annotate(f"{bottom:.3g}", (stage, bottom), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(list(memory.ZERO_STAGES), ["0\nDDP", "1\nP_os", "2\nP_os+g", "3\nP_os+g+p"])
+    ax.set_xlabel("ZeRO stage")
+    ax.set_ylabel(f"{unit} per GPU")
+    ax.set_title(f"Model states, {n_params:.3g} parameters, {recipe}, dp={dp}")
+    ax.legend(
+        handles=[Patch(color=c, label=k.replace("_", " ")) for k, c in _STATE_COLORS.items()],
+        frameon=False,
+    )
+    return fig
+
+
+def plot_bubble_vs_micro_batches(
+    stages: int,
+    *,
+    max_micro_batches: int = 32,
+    virtual_stages: Sequence[int] = (2, 4),
+    relative_to: str = "total",
+    check_points: Sequence[int] = (),
+) -> Figure:
+    """Bubble fraction against the number of micro-batches m, one line per schedule.
+
+    GPipe and 1F1B share one curve, (p-1)/(m+p-1) of the step (or (p-1)/m of the
+    ideal time with ``relative_to="ideal"``); each interleaved schedule with v
+    chunks is drawn where m is a multiple of p. ``check_points``: values of m
+    at which the bubble counted by replaying the schedules
+    (:func:`distlab.calc.pipeline.replay`) is drawn as dots on the curves.
+    """
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    ms = list(range(1, max_micro_batches + 1))
+    curves = [("gpipe", 1, "GPipe / 1F1B")] + [
+        ("interleaved", v, f"interleaved, v={v}") for v in virtual_stages
+    ]
+    for schedule, v, label in curves:
+        xs = [m for m in ms if schedule != "interleaved" or m % stages == 0]
+        ys = [
+            pipeline.bubble_fraction(
+                stages, m, schedule=schedule, virtual_stages=v, relative_to=relative_to
+            )
+            for m in xs
+        ]
+        (line,) = ax.plot(xs, ys, marker="." if schedule == "interleaved" else None, label=label)
+        if relative_to != "total":
+            continue
+        for m in check_points:
+            if schedule == "interleaved" and m % stages:
+                continue
+            ops = pipeline.schedule_ops(stages, m, schedule=schedule, virtual_stages=v)
+            counted = pipeline.replay(ops).bubble_fraction
+            ax.plot([m], [counted], "o", color=line.get_color(), markerfacecolor="none")
+    ax.set_xlabel("micro-batches per step, m")
+    ax.set_ylabel("bubble / step time" if relative_to == "total" else "bubble / ideal time")
+    ax.set_title(f"Pipeline bubble with p = {stages} stages")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False)
+    return fig
+
+
+def plot_pipeline_schedule(
+    stages: int,
+    micro_batches: int,
+    *,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    forward_time: float = 1.0,
+    backward_time: float = 2.0,
+) -> Figure:
+    """Gantt chart of a replayed schedule: one row per rank, F boxes light,
+    B boxes dark, each labelled with its micro-batch; white gaps are the bubble."""
+    ops = pipeline.schedule_ops(
+        stages, micro_batches, schedule=schedule, virtual_stages=virtual_stages
+    )
+    timeline = pipeline.replay(ops, forward_time=forward_time, backward_time=backward_time)
+    fig = Figure(figsize=(max(6.0, timeline.makespan * 0.35), 0.6 * stages + 1.2))
+    ax = fig.add_subplot()
+    for t in timeline.ops:
+        dark = t.op.kind == "B"
+        shade = 0.15 * t.op.chunk
+        color = (0.2 + shade, 0.35 + shade, 0.7) if dark else (0.6 + shade / 2, 0.75, 0.95)
+        ax.barh(t.rank, t.end - t.start, left=t.start, color=color, edgecolor="white", height=0.8)
+        ax.text(
+            (t.start + t.end) / 2,
+            t.rank,
+            str(t.op.micro_batch),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if dark else "black",
+        )
+    ax.set_yticks(range(stages), [f"rank {r}" for r in range(stages)])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (forward of one micro-batch through one stage = 1)")
+    name = f"{schedule} (v={virtual_stages})" if schedule == "interleaved" else schedule
+    ax.set_title(
+        f"{name}, p={stages}, m={micro_batches}: bubble {timeline.bubble_fraction:.1%} of the step"
+    )
+    fig.set_layout_engine("constrained")
+    return fig

@@ -1,0 +1,113 @@
+"""Communication volumes: ring byte counts, the ZeRO paper's convention, TP/PP, link time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distlab.calc import comm
+from distlab.sim.topology import IB_NDR, NVLINK4, Link
+
+
+@pytest.mark.parametrize("k", [2, 3, 8, 64])
+def test_ddp_ring_all_reduce_bytes(k):
+    psi = 1e9
+    assert comm.ddp_bytes_per_gpu(psi, dp=k, bytes_per_grad=2) == pytest.approx(
+        2 * (k - 1) / k * 2 * psi
+    )
+    v = comm.data_parallel_comm(psi, dp=k)
+    assert v.messages == 2 * (k - 1)
+
+
+def test_zero_paper_convention():
+    # Rajbhandari et al. 2020, Section 7: DP 2 Psi, P_os and P_os+g 2 Psi, P_os+g+p 3 Psi (1.5x)
+    psi, k = 1e9, 64
+    paper = {
+        s: comm.data_parallel_comm(
+            psi, dp=k, zero_stage=s, bytes_per_param=1, bytes_per_grad=1
+        ).zero_paper_bytes
+        for s in range(4)
+    }
+    assert paper == {0: 2 * psi, 1: 2 * psi, 2: 2 * psi, 3: 3 * psi}
+    sent = {s: comm.data_parallel_comm(psi, dp=k, zero_stage=s).total for s in range(4)}
+    assert sent[0] == pytest.approx(sent[1]) == pytest.approx(sent[2])
+    assert sent[3] / sent[0] == pytest.approx(1.5)
+    assert comm.fsdp_comm(psi, dp=k).total == pytest.approx(sent[3])
+
+
+def test_gradient_accumulation_repeats_zero_2_and_3_collectives():
+    psi, k, m = 1e9, 8, 4
+    ddp = comm.data_parallel_comm(psi, dp=k, micro_batches=m).total
+    assert ddp == comm.data_parallel_comm(psi, dp=k).total  # no_sync: one all-reduce per step
+    z2 = comm.data_parallel_comm(psi, dp=k, zero_stage=2, micro_batches=m).total
+    assert z2 == pytest.approx((m + 1) * (k - 1) / k * 2 * psi)
+    z3 = comm.data_parallel_comm(psi, dp=k, zero_stage=3, micro_batches=m).total
+    assert z3 == pytest.approx(3 * m * (k - 1) / k * 2 * psi)
+
+
+def test_tensor_parallel_four_all_reduces_per_layer():
+    s, b, h, n_layers, t = 2048, 2, 4096, 10, 8
+    v = comm.tensor_parallel_comm(seq_len=s, micro_batch=b, hidden=h, layers=n_layers, tp=t)
+    per_all_reduce = 2 * (t - 1) / t * s * b * h * 2
+    assert v.total == pytest.approx(4 * n_layers * per_all_reduce)
+    sp = comm.tensor_parallel_comm(
+        seq_len=s, micro_batch=b, hidden=h, layers=n_layers, tp=t, sequence_parallel=True
+    )
+    assert sp.total == pytest.approx(v.total)  # all-gather + reduce-scatter = all-reduce
+    full = comm.tensor_parallel_comm(
+        seq_len=s, micro_batch=b, hidden=h, layers=n_layers, tp=t, recompute="full", micro_batches=3
+    )
+    assert full.total == pytest.approx(3 * 6 * n_layers * per_all_reduce)
+
+
+def test_pipeline_point_to_point():
+    s, b, h = 2048, 1, 12288
+    v = comm.pipeline_parallel_comm(seq_len=s, micro_batch=b, hidden=h, micro_batches=8, pp=4, tp=8)
+    assert v.total == pytest.approx(2 * 8 * s * b * h * 2 / 8)
+    inter = comm.pipeline_parallel_comm(
+        seq_len=s, micro_batch=b, hidden=h, micro_batches=8, pp=4, tp=8, virtual_stages=2
+    )
+    assert inter.total == pytest.approx(2 * v.total)
+    assert (
+        comm.pipeline_parallel_comm(seq_len=s, micro_batch=b, hidden=h, micro_batches=8, pp=1).total
+        == 0
+    )
+
+
+def test_time_on_link():
+    link = Link("test", alpha=1e-5, bandwidth=1e10)
+    assert comm.time_on_link(1e9, link) == pytest.approx(1e-5 + 0.1)
+    v = comm.data_parallel_comm(1e9, dp=4)
+    assert v.time_on(link) == pytest.approx(6 * 1e-5 + 1.5 * 2e9 / 1e10)
+    # a tree pays 2 log2(K) latencies instead of 2(K-1); bandwidth term unchanged
+    big = comm.data_parallel_comm(1e3, dp=1024)
+    ring, tree = big.time_on(link), big.time_on(link, all_reduce="tree")
+    assert ring - tree == pytest.approx((2 * 1023 - 2 * math.ceil(math.log2(1024))) * 1e-5)
+    assert big.time_on(link, all_reduce="auto") == tree
+    assert comm.data_parallel_comm(1e9, dp=8).time_on(NVLINK4) < comm.data_parallel_comm(
+        1e9, dp=8
+    ).time_on(IB_NDR)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: comm.data_parallel_comm(0, dp=8), "n_params"),
+        (lambda: comm.data_parallel_comm(1e9, dp=0), "dp must be"),
+        (lambda: comm.data_parallel_comm(1e9, dp=8, zero_stage=5), "zero_stage 5"),
+        (
+            lambda: comm.tensor_parallel_comm(seq_len=8, micro_batch=1, hidden=8, layers=1, tp=0),
+            "tp must be",
+        ),
+        (lambda: comm.CommPart("x", "broadcast", 4, 10), "collective 'broadcast'"),
+        (lambda: comm.time_on_link(-1, NVLINK4), "n_bytes"),
+        (
+            lambda: comm.data_parallel_comm(1e9, dp=8).time_on(NVLINK4, all_reduce="magic"),
+            "all_reduce 'magic'",
+        ),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
