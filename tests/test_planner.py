@@ -138,6 +138,10 @@ def test_group_links():
     assert group_link(eth, stride=4, size=2).bandwidth == pytest.approx(eth.inter.bandwidth / 4)
     nvl = preset("gb200-nvl72")
     assert group_link(nvl, stride=1, size=72) is nvl.intra
+    assert group_link(nvl, stride=1, size=8) is nvl.intra
+    # 16-rank groups tile 72-GPU domains badly: ranks 64..79 straddle two domains
+    assert group_link(nvl, stride=1, size=16) is nvl.inter
+    assert group_link(preset("dgx-h100"), stride=1, size=3).name == preset("dgx-h100").inter.name
 
 
 def test_more_memory_never_shrinks_the_feasible_set():

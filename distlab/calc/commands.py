@@ -231,6 +231,7 @@ def _register_plan(subparsers) -> None:
     p.add_argument(
         "--headroom", type=float, default=0.1, help="fraction of GPU memory kept free (default 0.1)"
     )
+    p.add_argument("--recipe", default="mixed_adam", help=f"one of {', '.join(memory.RECIPES)}")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_plan_main)
 
@@ -258,6 +259,14 @@ def _model_from_args(args) -> ModelSpec:
     return spec
 
 
+def _schedule_name(config) -> str:
+    if config.pp == 1:
+        return "-"
+    if config.virtual_stages > 1:
+        return f"interleaved v={config.virtual_stages}"
+    return config.schedule
+
+
 def _plan_main(args) -> int:
     from ..sim.topology import load_cluster, preset
     from .planner import PlannerAssumptions, plan
@@ -273,6 +282,7 @@ def _plan_main(args) -> int:
         compute_efficiency=args.compute_efficiency,
         dp_overlap=args.dp_overlap,
         memory_headroom=args.headroom,
+        recipe=args.recipe,
     )
     result = plan(spec, cluster, global_batch=args.global_batch, assumptions=assumptions)
     if args.json:
@@ -286,8 +296,7 @@ def _plan_main(args) -> int:
             str(e.config.zero_stage),
             f"{e.config.micro_batch} x {e.config.micro_batches}",
             e.config.recompute,
-            e.config.schedule
-            + (f" v={e.config.virtual_stages}" if e.config.virtual_stages > 1 else ""),
+            _schedule_name(e.config),
             f"{e.memory.total / GB:.1f}",
             f"{e.bubble_fraction:.1%}",
             format_seconds(e.tp_comm_s + e.pp_comm_s + e.dp_comm_s),

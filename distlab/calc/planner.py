@@ -7,8 +7,8 @@ time from first principles:
 
 * **compute**: the model's FLOPs (6N + 12 l h s per token, PaLM Appendix B)
   plus recomputation, spread over tp x pp GPUs per replica, at
-  ``compute_efficiency`` of the GPU's peak (an assumption, 0.5 by default:
-  large GEMMs on A100/H100 reach 50-60% end to end in Megatron-LM);
+  ``compute_efficiency`` of the GPU's peak (an assumption, 0.5 by default;
+  Korthikanti et al. 2022 report 54.2% MFU for a 530B model on 2240 A100s);
 * **tensor parallelism**: 4 all-reduces (6 with full recompute) of b x s x h
   per layer and micro-batch (:func:`~distlab.calc.comm.tensor_parallel_comm`),
   on the critical path;
@@ -23,8 +23,8 @@ time from first principles:
 Each collective runs on the link its group uses. Ranks are numbered as
 Megatron-LM does (:mod:`distlab.placement.groups`: tp fastest, then dp, then
 pp) and fill nodes in order, so a group of ``size`` ranks ``stride`` apart
-stays inside one NVLink domain when stride x size <= GPUs per domain; otherwise
-it crosses the network, where each GPU gets its share of the node's NICs.
+stays inside one NVLink domain when stride x size divides the GPUs per domain;
+otherwise it crosses the network, where each GPU gets its share of the node's NICs.
 That is why TP (the chattiest: every layer, every micro-batch) belongs inside
 a node, and :meth:`Plan.explain` shows the numbers.
 
@@ -54,7 +54,10 @@ from .units import GB, format_seconds
 
 @dataclass(frozen=True)
 class PlannerAssumptions:
-    """What the estimate assumes; every field is a knob of ``distlab plan``."""
+    """What the estimate assumes, and which options :func:`plan` enumerates.
+
+    ``distlab plan`` sets the first four with ``--compute-efficiency``,
+    ``--dp-overlap``, ``--headroom`` and ``--recipe``."""
 
     compute_efficiency: float = 0.5
     dp_overlap: float = 0.0
@@ -141,14 +144,17 @@ class StepEstimate:
 
 def group_link(cluster: ClusterSpec, *, stride: int, size: int) -> Link | None:
     """The link a group of ``size`` ranks ``stride`` apart communicates over
-    (None for a group of one). Inside an NVLink domain: the intra-node link
+    (None for a group of one). Groups are inside an NVLink domain when
+    stride x size divides the domain's GPU count (then no group straddles two
+    domains). Inside a domain: the intra-node link
     (a shared bus is divided among the group; a PCIe box uses its slower
     cross-socket path when the group spans PCIe switches). Across domains:
     the network, each GPU getting nics_per_node / gpus_per_node of a NIC."""
     if size == 1:
         return None
-    span = stride * size
-    if span <= cluster.nvlink_domain_gpus:
+    span = stride * size  # the group's ranks lie in a block of `span` consecutive ranks
+    domain = cluster.nvlink_domain_gpus
+    if span <= domain and domain % span == 0:  # no block straddles two domains
         if cluster.intra_kind == "bus":
             intra = cluster.intra
             return Link(f"{intra.name} shared by {size}", intra.alpha, intra.bandwidth / size)
