@@ -85,8 +85,8 @@ def test_predictions_for_every_algorithm():
 def test_builtin_gloo_all_reduce_is_modelled_as_a_ring_without_agreement():
     assert record_model(synthetic("builtin", 4, 4096)) == ("ring_all_reduce", 0)
     assert record_model(synthetic("ring", 4, 4096)) == ("ring_all_reduce", 2)
-    gather = dict(synthetic("builtin", 4, 4096), collective="all_gather")
-    with pytest.raises(ValueError, match="no model for gloo's built-in all_gather"):
+    gather = dict(synthetic("builtin", 4, 4096), collective="reduce")
+    with pytest.raises(ValueError, match="no model for gloo's built-in reduce"):
         record_model(gather)
     fit = fit_alpha_beta(records(["ring"], gamma=0.0))
     assert compare(fit, [gather]) == []  # left out, not guessed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .algorithms import algorithm_name, build_schedule
 from .replay import SimResult, simulate
@@ -118,7 +119,7 @@ def _print_tables(records: list[dict], cluster: ClusterSpec, world_size: int) ->
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)  # no wrapping in pipes
     for algorithm in dict.fromkeys(r["algorithm"] for r in records):
         rows = [r for r in records if r["algorithm"] == algorithm]
         table = Table(

@@ -24,7 +24,8 @@ first to check that all ranks passed matching tensors
 (:mod:`distlab.collectives.agree`). ``"builtin"`` (torch.distributed on gloo)
 is modelled by the schedule gloo implements: all-reduce is a ring
 (``gloo/allreduce.cc``; gloo pipelines it in segments, so its latency
-differs from distlab's ring), broadcast a binomial tree (``gloo/broadcast.cc``).
+differs from distlab's ring), all-gather a ring (``gloo/allgather.cc``) and
+broadcast a binomial tree (``gloo/broadcast.cc``). Other built-ins are left out.
 
 Records are the dicts ``distlab bench --json`` prints: ``collective``,
 ``algorithm``, ``world_size``, ``bytes``, ``count``, ``time_s``...
@@ -46,7 +47,11 @@ from .replay import simulate
 from .topology import ClusterSpec, Link, shared_bus
 
 #: Built-in gloo collectives and the distlab schedule that moves the same bytes in the same rounds.
-BUILTIN_MODELS = {"all_reduce": "ring_all_reduce", "broadcast": "tree_broadcast"}
+BUILTIN_MODELS = {
+    "all_reduce": "ring_all_reduce",  # gloo/allreduce.cc: ring reduce-scatter + all-gather
+    "all_gather": "ring_all_gather",  # gloo/allgather.cc: ring, each block sent in two halves
+    "broadcast": "tree_broadcast",  # gloo/broadcast.cc: binomial tree, log2ceil(n) rounds
+}
 
 
 @dataclass(frozen=True)

@@ -116,14 +116,14 @@ def simulate(
     # distinct step is replayed once and counted (this keeps n in the thousands fast).
     same_sizes = len(set(sizes)) == 1
     outcomes: dict[tuple, StepOutcome] = {}
-    times: dict[tuple, int] = {}
+    repeats: dict[tuple, int] = {}  # how often each distinct step occurs
     step_times, bottlenecks = [], []
     for i, step in enumerate(schedule.steps):
         key = tuple([(t.src, t.dst, len(t.chunks), t.reduce) for t in step]) if same_sizes else i
         outcome = outcomes.get(key)
         if outcome is None:
             outcome = outcomes[key] = replayer.step(step)
-        times[key] = times.get(key, 0) + 1
+        repeats[key] = repeats.get(key, 0) + 1
         step_times.append(outcome.time_s)
         bottlenecks.append(outcome.bottleneck)
 
@@ -131,7 +131,7 @@ def simulate(
     per_class: dict[str, int] = {}
     sent = [0] * schedule.world_size
     for key, outcome in outcomes.items():
-        repeat = times[key]
+        repeat = repeats[key]
         for totals, counts in (
             (bytes_per_port, outcome.port_bytes),
             (per_class, outcome.class_bytes),
@@ -142,7 +142,8 @@ def simulate(
             sent[rank] += repeat * size
 
     total = sum(step_times)
-    alg = n_bytes / total if total > 0 else float("inf")
+    alg = n_bytes / total if total > 0 else float("inf")  # one rank: nothing to move
+    factor = busbw_factor(schedule.collective, schedule.world_size)
     return SimResult(
         collective=schedule.collective,
         algorithm=schedule.algorithm,
@@ -156,7 +157,7 @@ def simulate(
         bytes_per_port=bytes_per_port,
         bytes_sent_per_rank=tuple(sent),
         algbw=alg,
-        busbw=alg * busbw_factor(schedule.collective, schedule.world_size),
+        busbw=alg * factor if factor else 0.0,
     )
 
 
