@@ -1,0 +1,66 @@
+"""Data parallelism on real processes: DDP, accumulation, mixed precision, ZeRO, FSDP.
+
+One idea per module, each short enough to read top to bottom:
+
+==================  ===========================================================
+``data``            DistributedSampler's split: each rank reads its own samples
+``comm``            the collectives (distlab's own or built-in), a comm thread
+``buckets``         DDP's gradient buckets; launching them in order in backward
+``trace``           per-bucket timestamps: gradient ready, all-reduce start/end
+``ddp``             :class:`NaiveDDP` and :class:`BucketedDDP` (overlap)
+``accumulation``    K micro-batches, loss / K, communicate once
+``mixed_precision`` bf16/fp16 weights, fp32 masters, dynamic loss scaling
+``flat``            flat parameters cut into K shards
+``zero``            :class:`ZeroOptimizer`: ZeRO stages 1 and 2
+``fsdp``            :class:`FSDP`: ZeRO stage 3, per-unit gather and free
+``checkpoint``      full (rank 0) and sharded (DCP) checkpoints, resharding
+``sync_batchnorm``  :class:`SyncBatchNorm` against per-rank BatchNorm
+``memory``          measured bytes of parameters, gradients, optimizer state
+==================  ===========================================================
+
+Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
+default); the collective is chosen per wrapper with ``algorithm="ring"``
+(or any key of :data:`distlab.collectives.ALL_REDUCE`) or ``"builtin"``.
+"""
+
+from __future__ import annotations
+
+from .accumulation import accumulate_gradients, gradient_scale_error
+from .checkpoint import load_full, load_sharded, save_full, save_sharded
+from .comm import ALGORITHMS, Collectives, CommThread
+from .data import ShardSampler, shard_batch, shard_indices
+from .ddp import BucketedDDP, NaiveDDP
+from .fsdp import FSDP
+from .memory import MeasuredModelState, measure_model_state, storage_bytes
+from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer, autocast
+from .sync_batchnorm import SyncBatchNorm
+from .trace import BucketTimes, StepTrace
+from .zero import ZeroOptimizer
+
+__all__ = [
+    "ALGORITHMS",
+    "FSDP",
+    "BucketTimes",
+    "BucketedDDP",
+    "Collectives",
+    "CommThread",
+    "DynamicLossScaler",
+    "MeasuredModelState",
+    "MixedPrecisionOptimizer",
+    "NaiveDDP",
+    "ShardSampler",
+    "StepTrace",
+    "SyncBatchNorm",
+    "ZeroOptimizer",
+    "accumulate_gradients",
+    "autocast",
+    "gradient_scale_error",
+    "load_full",
+    "load_sharded",
+    "measure_model_state",
+    "save_full",
+    "save_sharded",
+    "shard_batch",
+    "shard_indices",
+    "storage_bytes",
+]

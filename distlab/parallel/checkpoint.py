@@ -1,0 +1,333 @@
+"""Checkpoints for data-parallel training: full (rank 0 writes) or sharded (every rank writes).
+
+What must be saved to continue *bit for bit* as if nothing had happened:
+the parameters (at master precision), the optimizer state (Adam's m, v and
+step), and every rank's random-number-generator state (dropout masks, data
+order). Hyperparameters come from the optimizer the caller builds again.
+
+* **Full** (:func:`save_full` / :func:`load_full`): the state is gathered
+  into whole tensors, one per parameter name, and rank 0 writes one file with
+  ``torch.save``. Simple and portable (a DDP checkpoint loads into ZeRO or
+  FSDP and back, at any world size), but one rank must hold everything.
+* **Sharded** (:func:`save_sharded` / :func:`load_sharded`): each rank writes
+  only what it owns, with ``torch.distributed.checkpoint`` (DCP). For ZeRO
+  and FSDP every flat group is described as a ``DTensor`` of its unpadded
+  length split ``Shard(0)`` over the ranks; DCP records which rank wrote
+  which range, so a checkpoint written by 4 ranks can be read by 2 (each
+  reads the ranges it now owns). Replicated tensors (DDP, buffers) are
+  written once. RNG states are per rank and restored only at the same
+  world size.
+
+Supported pairs: a plain module or DDP wrapper with a torch optimizer;
+any model with a :class:`~distlab.parallel.zero.ZeroOptimizer`; an
+:class:`~distlab.parallel.fsdp.FSDP` model with a torch optimizer over
+``fsdp.parameters()``. Every function is collective: call it on all ranks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .comm import world
+from .flat import named_parameter_index
+from .fsdp import FSDP
+from .zero import ZeroOptimizer
+
+# ------------------------------------------------------------ the pieces ----
+
+
+def _sharded_owner(model, optimizer):
+    """(owner of the flat groups, inner torch optimizer) or (None, optimizer) if replicated."""
+    if isinstance(optimizer, ZeroOptimizer):
+        return optimizer, optimizer.optimizer
+    if isinstance(model, FSDP):
+        optimized = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if any(id(m) not in optimized for m in model.masters):
+            raise ValueError("the optimizer of an FSDP model must be built on fsdp.parameters()")
+        return model, optimizer
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"need a torch optimizer or a ZeroOptimizer, got {type(optimizer).__name__}"
+        )
+    return None, optimizer
+
+
+def _module(model) -> nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def _index_of(optimizer: torch.optim.Optimizer) -> dict[int, int]:
+    """id(param) -> its index in ``optimizer.state_dict()``."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return {id(p): i for i, p in enumerate(params)}
+
+
+def _per_element(value, master: torch.Tensor) -> bool:
+    return isinstance(value, torch.Tensor) and value.shape == master.shape
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+    return [
+        {k: v for k, v in g.items() if k != "params"}
+        for g in optimizer.state_dict()["param_groups"]
+    ]
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[int, dict]) -> None:
+    optimizer.load_state_dict(
+        {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
+    )
+
+
+def _gather_flat(owner, shard: torch.Tensor) -> torch.Tensor:
+    full = torch.empty(
+        shard.numel() * owner.comm.world_size, dtype=shard.dtype, device=shard.device
+    )
+    owner.comm.all_gather(full, shard.detach().contiguous())
+    return full
+
+
+# ------------------------------------------------------------------ full ----
+
+
+def full_state(model, optimizer) -> dict:
+    """The whole training state as per-name tensors, on every rank (collective)."""
+    owner, inner = _sharded_owner(model, optimizer)
+    module = _module(model) if owner is not optimizer else optimizer.model
+    names = named_parameter_index(module)
+    params: dict[str, torch.Tensor] = {}
+    optim: dict[str, dict] = {}
+    if owner is None:
+        index = _index_of(inner)
+        saved = inner.state_dict()["state"]
+        for p in module.parameters():
+            params[names[id(p)]] = p.detach().clone()
+            if id(p) in index and index[id(p)] in saved:
+                optim[names[id(p)]] = {
+                    k: v.clone() if isinstance(v, torch.Tensor) else v
+                    for k, v in saved[index[id(p)]].items()
+                }
+    else:
+        for group, master in zip(owner.flat_groups, owner.masters):
+            group_names = [names[id(p)] for p in group.params]
+            for name, view in zip(group_names, group.views(_gather_flat(owner, master))):
+                params[name] = view.clone()
+            for key, value in inner.state.get(master, {}).items():
+                if _per_element(value, master):
+                    views = group.views(_gather_flat(owner, value))
+                else:
+                    views = [value] * len(group_names)
+                for name, view in zip(group_names, views):
+                    optim.setdefault(name, {})[key] = (
+                        view.clone() if isinstance(view, torch.Tensor) else view
+                    )
+    _, world_size = world()
+    rng = [None] * world_size
+    if world_size > 1:
+        dist.all_gather_object(rng, torch.get_rng_state())
+    else:
+        rng = [torch.get_rng_state()]
+    return {
+        "params": params,
+        "buffers": {n: b.detach().clone() for n, b in module.named_buffers()},
+        "optimizer": optim,
+        "hyperparameters": _hyperparameters(inner),
+        "rng": rng,
+        "world_size": world_size,
+    }
+
+
+def load_full_state(state: dict, model, optimizer) -> None:
+    """Put a :func:`full_state` into this rank's model and optimizer (any world size)."""
+    owner, inner = _sharded_owner(model, optimizer)
+    module = _module(model) if owner is not optimizer else optimizer.model
+    names = named_parameter_index(module)
+    with torch.no_grad():
+        for name, buffer in module.named_buffers():
+            buffer.copy_(state["buffers"][name])
+        loaded: dict[int, dict] = {}
+        if owner is None:
+            index = _index_of(inner)
+            for p in module.parameters():
+                name = names[id(p)]
+                p.copy_(state["params"][name])
+                if name in state["optimizer"] and id(p) in index:
+                    loaded[index[id(p)]] = state["optimizer"][name]
+        else:
+            index = _index_of(inner)
+            for group, master in zip(owner.flat_groups, owner.masters):
+                group_names = [names[id(p)] for p in group.params]
+                flat = group.flatten([state["params"][n] for n in group_names], dtype=master.dtype)
+                master.copy_(group.shard_of(flat))
+                first = state["optimizer"].get(group_names[0], {})
+                first_shape = state["params"][group_names[0]].shape
+                entry = {}
+                for key, value in first.items():
+                    if (
+                        isinstance(value, torch.Tensor)
+                        and value.dim()
+                        and value.shape == first_shape
+                    ):
+                        per_name = [state["optimizer"][n][key] for n in group_names]
+                        entry[key] = group.shard_of(
+                            group.flatten(per_name, dtype=value.dtype)
+                        ).clone()
+                    else:
+                        entry[key] = value
+                if entry:
+                    loaded[index[id(master)]] = entry
+    _load_optimizer_state(inner, loaded)
+    for group, hyper in zip(inner.param_groups, state["hyperparameters"]):
+        group.update(hyper)
+    if owner is not None:
+        owner.after_load()
+    rank, world_size = world()
+    if state["world_size"] == world_size:
+        torch.set_rng_state(state["rng"][rank])
+
+
+def save_full(path: str | os.PathLike, model, optimizer) -> None:
+    """Gather the training state and write it from rank 0 to ``path`` (collective)."""
+    state = full_state(model, optimizer)
+    rank, world_size = world()
+    if rank == 0:
+        torch.save(state, path)
+    if world_size > 1:
+        dist.barrier()  # nobody reads the file before it is complete
+
+
+def load_full(path: str | os.PathLike, model, optimizer) -> None:
+    """Every rank reads ``path`` and keeps its part (collective)."""
+    load_full_state(torch.load(path, weights_only=True), model, optimizer)
+
+
+# --------------------------------------------------------------- sharded ----
+
+
+def _mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _, world_size = world()
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return init_device_mesh(device, (world_size,))
+
+
+def _sharded(local: torch.Tensor, global_numel: int, mesh):
+    """A DTensor whose local part *is* ``local`` (a view: loading writes into it)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return DTensor.from_local(
+        local,
+        mesh,
+        [Shard(0)],
+        shape=(global_numel, *local.shape[1:]),
+        stride=(1,) if local.dim() == 1 else local.stride(),
+        run_check=False,
+    )
+
+
+def _owned(group, tensor: torch.Tensor) -> torch.Tensor:
+    """The unpadded part of a shard-sized tensor."""
+    return tensor.detach()[: group.owned_numel]
+
+
+def _rng_entry(mesh, local: torch.Tensor):
+    _, world_size = world()
+    return _sharded(local.view(1, -1), world_size, mesh)
+
+
+def _sharded_layout(model, optimizer, mesh) -> dict:
+    """The state dict DCP saves: DTensors for shards, plain tensors for replicated state."""
+    owner, inner = _sharded_owner(model, optimizer)
+    module = _module(model) if owner is not optimizer else optimizer.model
+    names = named_parameter_index(module)
+    sd: dict = {f"buffer.{n}": b for n, b in module.named_buffers()}
+    if owner is None:
+        index = _index_of(inner)
+        saved = inner.state_dict()["state"]
+        for p in module.parameters():
+            sd[f"param.{names[id(p)]}"] = p.data
+            for key, value in saved.get(index.get(id(p), -1), {}).items():
+                sd[f"optim.{names[id(p)]}.{key}"] = value
+    else:
+        for i, (group, master) in enumerate(zip(owner.flat_groups, owner.masters)):
+            sd[f"group{i}.param"] = _sharded(_owned(group, master), group.numel, mesh)
+            for key, value in inner.state.get(master, {}).items():
+                if _per_element(value, master):
+                    sd[f"group{i}.{key}"] = _sharded(_owned(group, value), group.numel, mesh)
+                else:
+                    sd[f"group{i}.{key}"] = value
+    return sd
+
+
+def save_sharded(path: str | os.PathLike, model, optimizer) -> None:
+    """Every rank writes its own part into directory ``path`` with DCP (collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    mesh = _mesh()
+    sd = _sharded_layout(model, optimizer, mesh)
+    sd["rng"] = _rng_entry(mesh, torch.get_rng_state())
+    dcp.save(sd, checkpoint_id=os.fspath(path))
+
+
+def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
+    """Read a :func:`save_sharded` checkpoint, at this or another world size (collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = os.fspath(path)
+    stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    owner, inner = _sharded_owner(model, optimizer)
+    module = _module(model) if owner is not optimizer else optimizer.model
+    names = named_parameter_index(module)
+    mesh = _mesh()
+    _, world_size = world()
+    sd: dict = {f"buffer.{n}": b for n, b in module.named_buffers()}
+    states: dict[int, dict] = {}  # optimizer index -> state being filled
+    index = _index_of(inner)
+
+    def fresh(key: str, like_numel: int | None = None) -> torch.Tensor:
+        meta = stored[key]
+        shape = (like_numel,) if like_numel is not None else tuple(meta.size)
+        return torch.zeros(shape, dtype=meta.properties.dtype)
+
+    if owner is None:
+        for p in module.parameters():
+            name = names[id(p)]
+            sd[f"param.{name}"] = p.data
+            for key in stored:
+                if key.startswith(f"optim.{name}."):
+                    value = fresh(key)
+                    states.setdefault(index[id(p)], {})[key.rsplit(".", 1)[1]] = value
+                    sd[key] = value
+    else:
+        for i, (group, master) in enumerate(zip(owner.flat_groups, owner.masters)):
+            if tuple(stored[f"group{i}.param"].size) != (group.numel,):
+                raise ValueError(
+                    f"checkpoint group {i} has {tuple(stored[f'group{i}.param'].size)} elements, "
+                    f"this model's has {group.numel}: different model or grouping"
+                )
+            sd[f"group{i}.param"] = _sharded(_owned(group, master), group.numel, mesh)
+            for key in stored:
+                if key.startswith(f"group{i}.") and key != f"group{i}.param":
+                    name = key.split(".", 1)[1]
+                    if tuple(stored[key].size) == (group.numel,):
+                        value = fresh(key, group.shard_numel)
+                        sd[key] = _sharded(_owned(group, value), group.numel, mesh)
+                    else:
+                        value = sd[key] = fresh(key)
+                    states.setdefault(index[id(master)], {})[name] = value
+    rng = None
+    if "rng" in stored and stored["rng"].size[0] == world_size:
+        rng = torch.get_rng_state().clone()
+        sd["rng"] = _rng_entry(mesh, rng)
+    with torch.no_grad():
+        dcp.load(sd, checkpoint_id=path)
+    _load_optimizer_state(inner, states)
+    if owner is not None:
+        owner.after_load()
+    if rng is not None:
+        torch.set_rng_state(rng)

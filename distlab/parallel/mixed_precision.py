@@ -1,0 +1,170 @@
+"""Mixed precision: compute in 16 bits, keep fp32 master weights, scale fp16 losses.
+
+Micikevicius et al. 2018 ("Mixed Precision Training", ICLR), Section 3:
+
+* **fp32 master weights** (3.1). The model's weights and gradients are
+  16-bit, but the optimizer updates an fp32 copy: an update lr*g is often
+  smaller than half a unit in the last place of a 16-bit weight (bf16 keeps 8
+  significant bits, fp16 11) and would round away. After each step the
+  master is rounded back into the model. Memory: 2 + 2 bytes per parameter
+  for the model and its gradients, 4 + 4 + 4 for master, m and v (the ZeRO
+  paper's K = 12).
+* **loss scaling** (3.2), for fp16 only. fp16's smallest subnormal is
+  2^-24 ≈ 6e-8 and its largest value 65504; small gradients underflow to
+  zero. Multiplying the loss by S shifts every gradient up by S; the
+  optimizer divides it out in fp32. bf16 has fp32's exponent range and needs
+  no scaling.
+* **dynamic** loss scaling (the variant in NVIDIA's and PyTorch's
+  ``GradScaler``): start high, and if any gradient is inf or NaN, skip the
+  step and halve S; after ``growth_interval`` good steps in a row, double S.
+
+The other way to compute in 16 bits is ``torch.autocast`` (see
+:func:`autocast`): the model stays fp32 (its weights *are* the masters) and
+selected ops run in bf16/fp16 on the fly.
+
+Use with data parallelism: cast the model first, wrap it (DDP broadcasts
+rank 0's weights), then build :class:`MixedPrecisionOptimizer` from the
+wrapped model, so the masters start from the broadcast weights. Gradients are
+then all-reduced in 16 bits (half of fp32's bytes), and an inf on any rank
+reaches every rank through the sum, so all ranks skip the same steps.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .memory import optimizer_state_tensors
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def autocast(device: torch.device | str, dtype: torch.dtype = torch.bfloat16):
+    """``torch.autocast`` for ``device`` ("cpu" or "cuda"); CUDA only when it is available."""
+    device_type = torch.device(device).type
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("autocast on 'cuda' was asked for, but CUDA is not available")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"autocast device must be 'cpu' or 'cuda', got {device_type!r}")
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def grads_are_finite(tensors) -> bool:
+    """True when no tensor holds an inf or a NaN."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t is not None)
+
+
+class DynamicLossScaler:
+    """Loss scale that halves on overflow and doubles after ``growth_interval`` good steps."""
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        *,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ):
+        if not init_scale > 0:
+            raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
+        if not growth_factor > 1 or not 0 < backoff_factor < 1:
+            raise ValueError(
+                f"need growth_factor > 1 and 0 < backoff_factor < 1, got {growth_factor!r}, "
+                f"{backoff_factor!r}"
+            )
+        if not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"growth_interval must be a positive integer, got {growth_interval!r}")
+        self.scale = float(init_scale)
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval = growth_interval
+        self.good_steps = 0
+        self.skipped_steps = 0
+
+    def update(self, found_inf: bool) -> None:
+        """After a step: back off on overflow, grow after a run of good steps."""
+        if found_inf:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+            self.skipped_steps += 1
+        else:
+            self.good_steps += 1
+            if self.good_steps == self.growth_interval:
+                self.scale *= self.growth_factor
+                self.good_steps = 0
+
+
+class MixedPrecisionOptimizer:
+    """A 16-bit model trained through fp32 master weights.
+
+    ``loss_scaler``: ``None`` (no scaling: right for bf16), a
+    :class:`DynamicLossScaler`, or a number for a fixed scale with no
+    overflow check (to see what goes wrong without the dynamic one). Call
+    ``opt.scale_loss(loss).backward()``; ``step()`` returns False when it
+    skipped the update because a gradient overflowed.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer_class=torch.optim.Adam,
+        *,
+        loss_scaler: DynamicLossScaler | float | None = None,
+        **optimizer_kwargs,
+    ):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        dtypes = {p.dtype for p in self.params}
+        if not dtypes or not dtypes <= set(LOW_PRECISION):
+            raise ValueError(
+                f"MixedPrecisionOptimizer expects a bf16/fp16 model (cast it first with "
+                f"model.to(torch.bfloat16)); its parameters are {sorted(map(str, dtypes))}"
+            )
+        if loss_scaler is not None and not isinstance(loss_scaler, (DynamicLossScaler, int, float)):
+            raise TypeError(
+                f"loss_scaler must be None, a number or a DynamicLossScaler, got {loss_scaler!r}"
+            )
+        self.loss_scaler = loss_scaler
+        self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
+        self.optimizer = optimizer_class(self.masters, **optimizer_kwargs)
+
+    @property
+    def scale(self) -> float:
+        if isinstance(self.loss_scaler, DynamicLossScaler):
+            return self.loss_scaler.scale
+        return 1.0 if self.loss_scaler is None else float(self.loss_scaler)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call ``backward()`` on."""
+        return loss * self.scale if self.scale != 1.0 else loss
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """Unscale the gradients into the fp32 masters, update, round back into the model."""
+        grads = [p.grad for p in self.params]
+        scale = self.scale  # the scale this backward used
+        if isinstance(self.loss_scaler, DynamicLossScaler):
+            found_inf = not grads_are_finite(grads)
+            self.loss_scaler.update(found_inf)
+            if found_inf:
+                return False
+        for master, grad in zip(self.masters, grads):
+            if grad is not None:
+                master.grad = grad.float() / scale
+        self.optimizer.step()
+        for p, master in zip(self.params, self.masters):
+            p.copy_(master)
+            master.grad = None
+        return True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def model_state_tensors(self) -> dict[str, list]:
+        """16-bit weights and gradients; masters and optimizer state (see memory)."""
+        states, counters = optimizer_state_tensors(self.optimizer)
+        return {
+            "parameters": self.params,
+            "gradients": [p.grad for p in self.params],
+            "optimizer_states": self.masters + states,
+            "optimizer_step_counters": counters,
+        }

@@ -1,0 +1,123 @@
+"""One training step for every data-parallel method, behind one small interface.
+
+``build(method, model, ...)`` returns a :class:`Trainer` whose ``model`` is
+what to call forward on and whose ``optimizer`` has ``step()`` and
+``zero_grad()``, so a loop, a test or a benchmark can run any method:
+
+=====================  =======================================================
+``"single"``           the plain model and optimizer (no communication)
+``"naive_ddp"``        :class:`~distlab.parallel.ddp.NaiveDDP`
+``"bucketed_ddp"``     :class:`~distlab.parallel.ddp.BucketedDDP` (overlap)
+``"zero1"``            plain model + :class:`~distlab.parallel.zero.ZeroOptimizer` stage 1
+``"zero2"``            the same, stage 2
+``"fsdp"``             :class:`~distlab.parallel.fsdp.FSDP` + optimizer on its shards
+=====================  =======================================================
+
+:func:`train_step` does forward, backward (over ``micro_batches`` with the
+loss divided by their number) and the optimizer step on this rank's part of
+a global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .accumulation import accumulate_gradients
+from .comm import world
+from .data import shard_batch
+from .ddp import BucketedDDP, NaiveDDP
+from .fsdp import FSDP
+from .zero import ZeroOptimizer
+
+METHODS = ("single", "naive_ddp", "bucketed_ddp", "zero1", "zero2", "fsdp")
+
+
+@dataclass
+class Trainer:
+    """What a training loop needs: a model to call, an optimizer, and which method it is."""
+
+    method: str
+    model: nn.Module
+    optimizer: object
+
+
+def build(
+    method: str,
+    model: nn.Module,
+    *,
+    optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam,
+    algorithm: str = "ring",
+    bucket_cap_mb: float = 25.0,
+    wrap="layer",
+    prefetch: bool = False,
+    **optimizer_kwargs,
+) -> Trainer:
+    """Wrap ``model`` for ``method`` (one of :data:`METHODS`) and build its optimizer."""
+    if method == "single":
+        return Trainer(method, model, optimizer_class(model.parameters(), **optimizer_kwargs))
+    if method == "naive_ddp":
+        ddp = NaiveDDP(model, algorithm=algorithm)
+        return Trainer(method, ddp, optimizer_class(model.parameters(), **optimizer_kwargs))
+    if method == "bucketed_ddp":
+        ddp = BucketedDDP(model, algorithm=algorithm, bucket_cap_mb=bucket_cap_mb)
+        return Trainer(method, ddp, optimizer_class(model.parameters(), **optimizer_kwargs))
+    if method in ("zero1", "zero2"):
+        zero = ZeroOptimizer(
+            model,
+            optimizer_class,
+            stage=int(method[-1]),
+            algorithm=algorithm,
+            bucket_cap_mb=bucket_cap_mb,
+            **optimizer_kwargs,
+        )
+        return Trainer(method, model, zero)
+    if method == "fsdp":
+        fsdp = FSDP(model, wrap=wrap, algorithm=algorithm, prefetch=prefetch)
+        return Trainer(method, fsdp, optimizer_class(fsdp.parameters(), **optimizer_kwargs))
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def mse_loss(model: nn.Module, batch) -> torch.Tensor:
+    """Mean squared error of ``model(x)`` against ``y`` for a batch ``(x, y)``."""
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def lm_loss(model: nn.Module, batch) -> torch.Tensor:
+    """Mean next-token cross-entropy for a batch ``(tokens, targets)``."""
+    tokens, targets = batch
+    logits = model(tokens)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def train_step(
+    trainer: Trainer,
+    global_batch,
+    loss_fn: Callable[[nn.Module, object], torch.Tensor],
+    *,
+    micro_batches: int = 1,
+) -> float:
+    """One step on this rank's shard of ``global_batch``; returns the mean local loss.
+
+    ``"single"`` trains on the whole batch; every other method takes its
+    :func:`~distlab.parallel.data.shard_batch` part. ``micro_batches > 1``
+    accumulates gradients (loss divided by their number).
+    """
+    rank, world_size = world()
+    local = (
+        global_batch if trainer.method == "single" else shard_batch(global_batch, rank, world_size)
+    )
+    if micro_batches < 1 or local[0].shape[0] % micro_batches:
+        raise ValueError(
+            f"micro_batches must divide the local batch of {local[0].shape[0]}, got {micro_batches!r}"
+        )
+    pieces = list(zip(*(t.chunk(micro_batches) for t in local)))
+    trainer.optimizer.zero_grad()
+    loss = accumulate_gradients(trainer.model, loss_fn, pieces)
+    trainer.optimizer.step()
+    return loss
