@@ -47,12 +47,18 @@ _MAX_IDLE_WORKERS = 8
 class RankError(RuntimeError):
     """A rank raised. ``rank`` is the first rank that failed; ``remote_traceback`` its traceback."""
 
-    def __init__(self, rank: int, remote_traceback: str, exc_type: str):
+    def __init__(self, rank: int, remote_traceback: str, exc_type: str, also_failed: tuple = ()):
         self.rank = rank
         self.remote_traceback = remote_traceback
         self.exc_type = exc_type
+        self.also_failed = tuple(also_failed)
+        knock_on = (
+            f" (ranks {list(also_failed)} failed after it, most likely because it stopped)"
+            if also_failed
+            else ""
+        )
         super().__init__(
-            f"rank {rank} failed with {exc_type}; every rank was stopped.\n"
+            f"rank {rank} failed with {exc_type}; every rank was stopped{knock_on}.\n"
             f"--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}"
         )
 
@@ -119,7 +125,12 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
             result = _run_job(dist, job)
             payload = ("ok", cloudpickle.dumps(result))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-            payload = ("error", type(exc).__name__, traceback.format_exc())
+            payload = (
+                "error",
+                type(exc).__name__,
+                traceback.format_exc(),
+                job.get("failed_at", time.time()),
+            )
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -156,9 +167,12 @@ def _run_job(dist, job: dict):
         job["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
     )
     try:
-        return fn(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
+        result = fn(rank, world_size, *args)
+    except BaseException:
+        job["failed_at"] = time.time()  # before peers notice: they fail a moment later
+        raise  # no teardown: a failed worker exits and its connections close with it
+    dist.destroy_process_group()
+    return result
 
 
 # ------------------------------------------------------------------ parent ---
@@ -222,8 +236,7 @@ def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
             for w in workers + fresh:
                 w.kill()
             raise RuntimeError(
-                "a worker process died while starting (is distlab importable by "
-                f"{sys.executable}?)"
+                f"a worker process died while starting (is distlab importable by {sys.executable}?)"
             ) from None
     return workers + fresh
 
@@ -300,7 +313,11 @@ def run(
     deadline = time.monotonic() + timeout
     payload = cloudpickle.dumps((fn, tuple(args)))
     store = dist.TCPStore(
-        "127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
         timeout=timedelta(seconds=timeout),
     )
     workers = _take_workers(world_size, warm, deadline)
@@ -308,9 +325,18 @@ def run(
     try:
         for rank, worker in enumerate(workers):
             worker.conn.send(
-                dict(rank=rank, world_size=world_size, backend=backend, host="127.0.0.1",
-                     port=store.port, prefix=prefix, payload=payload, timeout=timeout,
-                     cwd=os.getcwd(), sys_path=list(sys.path))
+                dict(
+                    rank=rank,
+                    world_size=world_size,
+                    backend=backend,
+                    host="127.0.0.1",
+                    port=store.port,
+                    prefix=prefix,
+                    payload=payload,
+                    timeout=timeout,
+                    cwd=os.getcwd(),
+                    sys_path=list(sys.path),
+                )
             )
         results = _collect(workers, deadline, timeout, show_output)
     except BaseException:
@@ -360,8 +386,30 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
                 results[rank] = cloudpickle.loads(message[1])
                 pending.discard(rank)
             elif message[0] == "error":
-                raise RankError(rank, message[2], message[1])
+                raise _first_failure(workers, rank, message)
     return results
+
+
+def _first_failure(workers: list[_Worker], rank: int, message: tuple) -> RankError:
+    """When one rank fails, its peers soon fail too ("connection closed by peer").
+    Collect the errors that arrive within a moment and blame the earliest."""
+    errors = {rank: message}
+    grace = time.monotonic() + 0.5
+    while time.monotonic() < grace:
+        conns = [w.conn for r, w in enumerate(workers) if r not in errors and not w.conn.closed]
+        for conn in wait(conns, timeout=max(grace - time.monotonic(), 0)):
+            other = next(r for r, w in enumerate(workers) if w.conn is conn)
+            try:
+                reply = conn.recv()
+            except EOFError:
+                errors[other] = None
+                continue
+            if reply[0] == "error":
+                errors[other] = reply
+    failed = {r: m for r, m in errors.items() if m is not None}
+    first = min(failed, key=lambda r: failed[r][3])
+    _, exc_type, tb, _ = failed[first]
+    return RankError(first, tb, exc_type, also_failed=sorted(r for r in failed if r != first))
 
 
 _line_start: dict[tuple[int, str], bool] = {}
@@ -390,7 +438,9 @@ def init(backend: str | None = None, timeout: float = 1800.0) -> tuple[int, int]
     import torch
     import torch.distributed as dist
 
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    missing = [
+        k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
     if missing:
         raise RuntimeError(
             f"distlab.init() reads the environment set by torchrun, but {missing} "
@@ -407,4 +457,3 @@ def init(backend: str | None = None, timeout: float = 1800.0) -> tuple[int, int]
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **kwargs)
     return dist.get_rank(), dist.get_world_size()
-

@@ -26,8 +26,14 @@ def final(schedule):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize(
-    "name", ["ring_all_reduce", "tree_all_reduce", "double_binary_tree_all_reduce",
-             "halving_doubling_all_reduce", "naive_all_reduce"],
+    "name",
+    [
+        "ring_all_reduce",
+        "tree_all_reduce",
+        "double_binary_tree_all_reduce",
+        "halving_doubling_all_reduce",
+        "naive_all_reduce",
+    ],
 )
 def test_all_reduce_schedules_sum_every_rank_exactly_once(name, n):
     end = final(SCHEDULES[name](n))
@@ -87,7 +93,9 @@ def test_step_counts_match_the_textbook(n):
     assert SCHEDULES["tree_all_reduce"](n).n_steps == 2 * log
     power = 1 << (n.bit_length() - 1)
     extra = 2 if power != n else 0
-    assert SCHEDULES["halving_doubling_all_reduce"](n).n_steps == 2 * (power.bit_length() - 1) + extra
+    assert (
+        SCHEDULES["halving_doubling_all_reduce"](n).n_steps == 2 * (power.bit_length() - 1) + extra
+    )
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 8])
@@ -103,7 +111,9 @@ def test_invalid_schedules_are_rejected():
     with pytest.raises(ValueError, match="outside"):
         Schedule("all_reduce", "bad", 2, 1, ((Transfer(0, 2, (0,), True),),))
     with pytest.raises(ValueError, match="reads and writes"):
-        Schedule("all_reduce", "bad", 2, 1, ((Transfer(0, 1, (0,), True), Transfer(1, 0, (0,), True)),))
+        Schedule(
+            "all_reduce", "bad", 2, 1, ((Transfer(0, 1, (0,), True), Transfer(1, 0, (0,), True)),)
+        )
     with pytest.raises(ValueError, match="unknown collective"):
         Schedule("gossip", "bad", 2, 1, ())
 

@@ -27,12 +27,23 @@ def _grid_worker(rank, world_size):
             t, op, ranks_per_node=2, variant="shard"
         )
     cases = [
-        (torch.float32, "sum"), (torch.float32, "avg"), (torch.float32, "max"), (torch.float32, "min"),
-        (torch.float64, "sum"), (torch.bfloat16, "sum"), (torch.int64, "sum"), (torch.int64, "max"),
+        (torch.float32, "sum"),
+        (torch.float32, "avg"),
+        (torch.float32, "max"),
+        (torch.float32, "min"),
+        (torch.float64, "sum"),
+        (torch.bfloat16, "sum"),
+        (torch.int64, "sum"),
+        (torch.int64, "max"),
         (torch.int64, "product"),
     ]
-    builtin_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                  "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
+    builtin_op = {
+        "sum": dist.ReduceOp.SUM,
+        "avg": dist.ReduceOp.SUM,
+        "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN,
+        "product": dist.ReduceOp.PRODUCT,
+    }
     failures = []
     checked = 0
     for numel in [0, 1, world_size + 1, 1000]:
@@ -60,7 +71,12 @@ def _grid_worker(rank, world_size):
                     eps = torch.finfo(dtype).eps
                     size = abs(x.to(torch.float64)).clone()
                     dist.all_reduce(size)
-                    ok = bool((got.to(torch.float64) - exact).abs().le(world_size * eps * size + 1e-12).all())
+                    ok = bool(
+                        (got.to(torch.float64) - exact)
+                        .abs()
+                        .le(world_size * eps * size + 1e-12)
+                        .all()
+                    )
                 else:
                     ok = torch.equal(got, expected)
                 if not ok:
@@ -80,7 +96,13 @@ def _rs_ag_worker(rank, world_size):
     import torch
     import torch.distributed as dist
 
-    from distlab.collectives import all_to_all, ring_all_gather, ring_reduce_scatter, tree_broadcast, tree_reduce
+    from distlab.collectives import (
+        all_to_all,
+        ring_all_gather,
+        ring_reduce_scatter,
+        tree_broadcast,
+        tree_reduce,
+    )
 
     n = world_size
     # reduce-scatter, tensor form (like reduce_scatter_tensor)
@@ -119,7 +141,9 @@ def _rs_ag_worker(rank, world_size):
     send = [torch.full((j + rank + 1,), 10 * rank + j) for j in range(n)]
     recv = [torch.empty(rank + j + 1, dtype=torch.int64) for j in range(n)]
     all_to_all(recv, send)
-    assert all(torch.equal(t, torch.full((rank + j + 1,), 10 * j + rank)) for j, t in enumerate(recv))
+    assert all(
+        torch.equal(t, torch.full((rank + j + 1,), 10 * j + rank)) for j, t in enumerate(recv)
+    )
     # even blocks: the same as gloo's built-in (which cannot do uneven ones)
     send = [torch.arange(3) + 100 * rank + 10 * j for j in range(n)]
     recv = [torch.empty(3, dtype=torch.int64) for _ in range(n)]

@@ -200,10 +200,22 @@ def test_the_same_worker_code_runs_under_torchrun(tmp_path):
     script.write_text(TORCHRUN_SCRIPT)
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     result = subprocess.run(
-        [*torchrun, "--nproc-per-node", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-         str(script)],
-        capture_output=True, text=True, timeout=180,
+        [
+            *torchrun,
+            "--nproc-per-node",
+            "3",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "localhost:0",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    found = sorted(re.findall(r"RESULT (\d) (\d) ([\d.]+)", result.stdout))  # ranks' lines may interleave
+    found = sorted(
+        re.findall(r"RESULT (\d) (\d) ([\d.]+)", result.stdout)
+    )  # ranks' lines may interleave
     assert found == [(str(r), "3", "3.0") for r in range(3)]

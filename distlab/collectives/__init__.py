@@ -60,8 +60,14 @@ ALL_REDUCE = {
 }
 
 __all__ = [
-    "SCHEDULES", "ALL_REDUCE", "Schedule", "Transfer", "chunk_bounds", "count_traffic",
-    *sorted(n for n in SCHEDULES), *sorted(f"{n}_schedule" for n in SCHEDULES),
+    "SCHEDULES",
+    "ALL_REDUCE",
+    "Schedule",
+    "Transfer",
+    "chunk_bounds",
+    "count_traffic",
+    *sorted(n for n in SCHEDULES),
+    *sorted(f"{n}_schedule" for n in SCHEDULES),
 ]
 
 

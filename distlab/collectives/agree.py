@@ -77,7 +77,12 @@ def all_gather_headers(header: list[int], group, device: torch.device) -> list[l
         incoming = torch.empty((count, width), dtype=torch.int64, device=device)
         ops = [
             dist.P2POp(dist.irecv, incoming, global_rank(group, (rank + distance) % n), group),
-            dist.P2POp(dist.isend, known[:count].contiguous(), global_rank(group, (rank - distance) % n), group),
+            dist.P2POp(
+                dist.isend,
+                known[:count].contiguous(),
+                global_rank(group, (rank - distance) % n),
+                group,
+            ),
         ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()

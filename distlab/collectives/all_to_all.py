@@ -21,7 +21,10 @@ def all_to_all_schedule(n: int) -> Schedule:
     steps = [keep_own]
     for k in range(1, n):
         steps.append(
-            tuple(Transfer(r, (r + k) % n, ((r + k) % n,), reduce=False, dst_chunks=(r,)) for r in range(n))
+            tuple(
+                Transfer(r, (r + k) % n, ((r + k) % n,), reduce=False, dst_chunks=(r,))
+                for r in range(n)
+            )
         )
     return Schedule("all_to_all", "pairwise", n, n, tuple(steps), out_of_place=True)
 

@@ -29,6 +29,7 @@ from .schedule import Schedule
 
 ScheduleFor = Callable[[int], Schedule]
 
+
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     bounds, start = [], 0
     for size in sizes:
@@ -38,7 +39,11 @@ def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def all_reduce(
-    schedule_for: ScheduleFor, name: str, tensor: torch.Tensor, op, group,
+    schedule_for: ScheduleFor,
+    name: str,
+    tensor: torch.Tensor,
+    op,
+    group,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """In place: every rank ends with ``op`` over all ranks' ``tensor``."""
@@ -48,14 +53,23 @@ def all_reduce(
     op = op_name(op)
     if n > 1 and tensor.numel():
         schedule = schedule_for(n)
-        execute(schedule, Chunks.split(tensor, schedule.n_chunks), op=op, group=group,
-                segment_bytes=segment_bytes)
+        execute(
+            schedule,
+            Chunks.split(tensor, schedule.n_chunks),
+            op=op,
+            group=group,
+            segment_bytes=segment_bytes,
+        )
     finish_average_(tensor, op, n)
 
 
 def reduce_scatter(
-    schedule_for: ScheduleFor, name: str, output: torch.Tensor,
-    input: torch.Tensor | Sequence[torch.Tensor], op, group,
+    schedule_for: ScheduleFor,
+    name: str,
+    output: torch.Tensor,
+    input: torch.Tensor | Sequence[torch.Tensor],
+    op,
+    group,
 ) -> None:
     """Rank ``r``'s ``output`` gets ``op`` over all ranks of block ``r`` of ``input``.
 
@@ -73,8 +87,15 @@ def reduce_scatter(
         sizes = [output.numel()] * n
         problem = problem or (6 if input.numel() != n * output.numel() else 0)
     problem = problem or (6 if output.numel() != sizes[rank] else 0)
-    check_agreement(name, group, output.device, problem, op_code, [dtype_code(output), *sizes],
-                    explain=explain_chunks)
+    check_agreement(
+        name,
+        group,
+        output.device,
+        problem,
+        op_code,
+        [dtype_code(output), *sizes],
+        explain=explain_chunks,
+    )
     op = op_name(op)
     work = torch.cat([t.reshape(-1) for t in tensors]) if tensors else output.new_empty(0)
     bounds = _bounds(sizes)
@@ -86,8 +107,11 @@ def reduce_scatter(
 
 
 def all_gather(
-    schedule_for: ScheduleFor, name: str, output: torch.Tensor | list[torch.Tensor],
-    input: torch.Tensor, group,
+    schedule_for: ScheduleFor,
+    name: str,
+    output: torch.Tensor | list[torch.Tensor],
+    input: torch.Tensor,
+    group,
 ) -> None:
     """Every rank's ``output`` gets all ranks' ``input``, in rank order.
 
@@ -106,8 +130,15 @@ def all_gather(
         sizes = [input.numel()] * n
         problem = problem or (6 if output.numel() != n * input.numel() else 0)
     problem = problem or (6 if sizes[rank] != input.numel() else 0)
-    check_agreement(name, group, input.device, problem, op_code, [dtype_code(input), *sizes],
-                    explain=explain_chunks)
+    check_agreement(
+        name,
+        group,
+        input.device,
+        problem,
+        op_code,
+        [dtype_code(input), *sizes],
+        explain=explain_chunks,
+    )
     bounds = _bounds(sizes)
     work = output.view(-1) if not as_list else input.new_empty(sum(sizes))
     start, stop = bounds[rank]
@@ -120,16 +151,29 @@ def all_gather(
 
 
 def rooted(
-    schedule_for: Callable[[int, int], Schedule], name: str, tensor: torch.Tensor, root: int,
-    op, group, *, reduces: bool,
+    schedule_for: Callable[[int, int], Schedule],
+    name: str,
+    tensor: torch.Tensor,
+    root: int,
+    op,
+    group,
+    *,
+    reduces: bool,
 ) -> None:
     """Reduce to ``root`` (``reduces=True``) or broadcast from ``root``, in place."""
     rank, n = group_info(group)
     problem, op_code = local_problem([tensor], op, reduces=reduces)
     if not isinstance(root, int) or not 0 <= root < n:
         problem, root = problem or 8, -1
-    check_agreement(name, group, tensor.device, problem, op_code, [root, *describe(tensor)],
-                    explain=lambda h: f"root {h[0]}, {explain_tensor(h[1:])}")
+    check_agreement(
+        name,
+        group,
+        tensor.device,
+        problem,
+        op_code,
+        [root, *describe(tensor)],
+        explain=lambda h: f"root {h[0]}, {explain_tensor(h[1:])}",
+    )
     op = op_name(op) if reduces else "sum"
     if n > 1 and tensor.numel():
         schedule = schedule_for(n, root)
@@ -139,8 +183,11 @@ def rooted(
 
 
 def all_to_all(
-    schedule_for: ScheduleFor, name: str, outputs: Sequence[torch.Tensor],
-    inputs: Sequence[torch.Tensor], group,
+    schedule_for: ScheduleFor,
+    name: str,
+    outputs: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    group,
 ) -> None:
     """``outputs[j]`` on rank ``r`` receives ``inputs[r]`` of rank ``j``."""
     rank, n = group_info(group)
@@ -154,8 +201,13 @@ def all_to_all(
         outputs_sizes = [t.numel() for t in outputs]
     dtype = dtype_code(inputs[0]) if inputs else -1
     headers = check_agreement(
-        name, group, (inputs or outputs)[0].device, problem, op_code,
-        [dtype, *inputs_sizes, *outputs_sizes], same_on_all_ranks=False,
+        name,
+        group,
+        (inputs or outputs)[0].device,
+        problem,
+        op_code,
+        [dtype, *inputs_sizes, *outputs_sizes],
+        same_on_all_ranks=False,
     )
     for r, row in enumerate(headers):
         if row[2] != headers[0][2]:

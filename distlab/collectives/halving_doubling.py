@@ -35,7 +35,9 @@ def halving_doubling_all_reduce_schedule(n: int) -> Schedule:
 
     steps = []
     if extra:
-        steps.append(tuple(Transfer(2 * i, 2 * i + 1, everything, reduce=True) for i in range(extra)))
+        steps.append(
+            tuple(Transfer(2 * i, 2 * i + 1, everything, reduce=True) for i in range(extra))
+        )
 
     # Recursive halving: ranges[j] is the run of chunks member j is responsible for.
     ranges = {j: (0, p) for j in range(p)}
@@ -58,16 +60,23 @@ def halving_doubling_all_reduce_schedule(n: int) -> Schedule:
         step = []
         for j in range(p):
             partner = j ^ distance
-            step.append(Transfer(members[j], members[partner], tuple(range(*ranges[j])), reduce=False))
+            step.append(
+                Transfer(members[j], members[partner], tuple(range(*ranges[j])), reduce=False)
+            )
         ranges = {
-            j: (min(ranges[j][0], ranges[j ^ distance][0]), max(ranges[j][1], ranges[j ^ distance][1]))
+            j: (
+                min(ranges[j][0], ranges[j ^ distance][0]),
+                max(ranges[j][1], ranges[j ^ distance][1]),
+            )
             for j in range(p)
         }
         steps.append(tuple(step))
         distance *= 2
 
     if extra:
-        steps.append(tuple(Transfer(2 * i + 1, 2 * i, everything, reduce=False) for i in range(extra)))
+        steps.append(
+            tuple(Transfer(2 * i + 1, 2 * i, everything, reduce=False) for i in range(extra))
+        )
     return Schedule("all_reduce", "halving_doubling", n, p, tuple(steps))
 
 
@@ -75,4 +84,6 @@ def halving_doubling_all_reduce(tensor, op="sum", group=None) -> None:
     """All-reduce in place with recursive halving-doubling (Rabenseifner); any world size."""
     from . import api
 
-    api.all_reduce(halving_doubling_all_reduce_schedule, "halving_doubling_all_reduce", tensor, op, group)
+    api.all_reduce(
+        halving_doubling_all_reduce_schedule, "halving_doubling_all_reduce", tensor, op, group
+    )

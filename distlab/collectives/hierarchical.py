@@ -32,7 +32,9 @@ def _relabel(steps: list[Step], ranks: list[int]) -> list[Step]:
     ]
 
 
-def hierarchical_all_reduce_schedule(n: int, ranks_per_node: int, variant: str = "leader") -> Schedule:
+def hierarchical_all_reduce_schedule(
+    n: int, ranks_per_node: int, variant: str = "leader"
+) -> Schedule:
     if not isinstance(ranks_per_node, int) or ranks_per_node < 1:
         raise ValueError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
     if variant not in ("leader", "shard"):
@@ -42,11 +44,15 @@ def hierarchical_all_reduce_schedule(n: int, ranks_per_node: int, variant: str =
     m = len(nodes)
     if variant == "leader":
         every = tuple(range(m))  # m chunks, so the leaders' ring can split the buffer
-        local_reduce = merge_parallel(*[_relabel(tree_reduce_steps(len(nd), 0, every), nd) for nd in nodes])
+        local_reduce = merge_parallel(
+            *[_relabel(tree_reduce_steps(len(nd), 0, every), nd) for nd in nodes]
+        )
         leaders = [nd[0] for nd in nodes]
         blocks = [(c,) for c in range(m)]
         across = ring_reduce_scatter_steps(leaders, blocks) + ring_all_gather_steps(leaders, blocks)
-        local_bcast = merge_parallel(*[_relabel(tree_broadcast_steps(len(nd), 0, every), nd) for nd in nodes])
+        local_bcast = merge_parallel(
+            *[_relabel(tree_broadcast_steps(len(nd), 0, every), nd) for nd in nodes]
+        )
         steps = (*local_reduce, *across, *local_bcast)
         return Schedule("all_reduce", "hierarchical", n, m, tuple(s for s in steps if s))
     if n % k:
@@ -57,17 +63,21 @@ def hierarchical_all_reduce_schedule(n: int, ranks_per_node: int, variant: str =
     shard = [tuple(range(g * m, (g + 1) * m)) for g in range(k)]
     inside_rs = merge_parallel(*[ring_reduce_scatter_steps(nd, shard) for nd in nodes])
     columns = [[nodes[j][g] for j in range(m)] for g in range(k)]
-    across = merge_parallel(*[
-        ring_reduce_scatter_steps(col, [(g * m + j,) for j in range(m)])
-        + ring_all_gather_steps(col, [(g * m + j,) for j in range(m)])
-        for g, col in enumerate(columns)
-    ])
+    across = merge_parallel(
+        *[
+            ring_reduce_scatter_steps(col, [(g * m + j,) for j in range(m)])
+            + ring_all_gather_steps(col, [(g * m + j,) for j in range(m)])
+            for g, col in enumerate(columns)
+        ]
+    )
     inside_ag = merge_parallel(*[ring_all_gather_steps(nd, shard) for nd in nodes])
     steps = (*inside_rs, *across, *inside_ag)
     return Schedule("all_reduce", "hierarchical_shard", n, k * m, tuple(s for s in steps if s))
 
 
-def hierarchical_all_reduce(tensor, op="sum", group=None, *, ranks_per_node: int, variant: str = "leader") -> None:
+def hierarchical_all_reduce(
+    tensor, op="sum", group=None, *, ranks_per_node: int, variant: str = "leader"
+) -> None:
     """All-reduce in place in two levels: inside nodes of ``ranks_per_node`` ranks, then across.
 
     See the module docstring for the ``"leader"`` and ``"shard"`` variants.

@@ -90,7 +90,9 @@ def ring_reduce_scatter(output, input, op="sum", group=None) -> None:
     """
     from . import api
 
-    api.reduce_scatter(ring_reduce_scatter_schedule, "ring_reduce_scatter", output, input, op, group)
+    api.reduce_scatter(
+        ring_reduce_scatter_schedule, "ring_reduce_scatter", output, input, op, group
+    )
 
 
 def ring_all_gather(output, input, group=None) -> None:

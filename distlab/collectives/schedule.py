@@ -145,13 +145,17 @@ def validate(schedule: Schedule) -> None:
                 raise ValueError(f"step {i}: {t} must move the same, non-zero number of chunks")
             for c in (*t.chunks, *t.landing):
                 if not 0 <= c < schedule.n_chunks:
-                    raise ValueError(f"step {i}: {t} names chunk {c} outside 0..{schedule.n_chunks - 1}")
+                    raise ValueError(
+                        f"step {i}: {t} names chunk {c} outside 0..{schedule.n_chunks - 1}"
+                    )
             if not _is_run(t.chunks) or not _is_run(t.landing):
                 raise ValueError(f"step {i}: {t} must move a contiguous run of chunks")
             read.update((t.src, c) for c in t.chunks)
             written.update((t.dst, c) for c in t.landing)
         if not schedule.out_of_place and read & written:
-            raise ValueError(f"step {i} reads and writes the same chunk on one rank: {sorted(read & written)}")
+            raise ValueError(
+                f"step {i} reads and writes the same chunk on one rank: {sorted(read & written)}"
+            )
 
 
 def _is_run(chunks: tuple[int, ...]) -> bool:

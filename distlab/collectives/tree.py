@@ -33,7 +33,9 @@ def tree_reduce_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Step]:
         step = []
         for v in range(n):
             if v % (2 << k) == (1 << k):  # lowest set bit of v is bit k
-                step.append(Transfer((v + root) % n, (v - (1 << k) + root) % n, chunks, reduce=True))
+                step.append(
+                    Transfer((v + root) % n, (v - (1 << k) + root) % n, chunks, reduce=True)
+                )
         steps.append(tuple(step))
     return steps
 
@@ -44,7 +46,9 @@ def tree_broadcast_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Ste
         step = []
         for v in range(0, n, 2 << k):  # ranks that already hold the data
             if v + (1 << k) < n:
-                step.append(Transfer((v + root) % n, (v + (1 << k) + root) % n, chunks, reduce=False))
+                step.append(
+                    Transfer((v + root) % n, (v + (1 << k) + root) % n, chunks, reduce=False)
+                )
         steps.append(tuple(step))
     return steps
 
@@ -54,7 +58,9 @@ def tree_reduce_schedule(n: int, root: int = 0) -> Schedule:
 
 
 def tree_broadcast_schedule(n: int, root: int = 0) -> Schedule:
-    return Schedule("broadcast", "tree", n, 1, tuple(tree_broadcast_steps(n, root, (0,))), root=root)
+    return Schedule(
+        "broadcast", "tree", n, 1, tuple(tree_broadcast_steps(n, root, (0,))), root=root
+    )
 
 
 def tree_all_reduce_schedule(n: int) -> Schedule:
@@ -105,7 +111,9 @@ def _tree_steps(parents: dict[int, int], chunk: int) -> tuple[list[Step], list[S
     down: dict[int, list[Transfer]] = {}
     for child, parent in parents.items():
         up.setdefault(height(child), []).append(Transfer(child, parent, (chunk,), reduce=True))
-        down.setdefault(depth(child) - 1, []).append(Transfer(parent, child, (chunk,), reduce=False))
+        down.setdefault(depth(child) - 1, []).append(
+            Transfer(parent, child, (chunk,), reduce=False)
+        )
     reduce_steps = [tuple(up.get(h, [])) for h in range(max(up, default=-1) + 1)]
     broadcast_steps = [tuple(down.get(d, [])) for d in range(max(down, default=-1) + 1)]
     return reduce_steps, broadcast_steps
@@ -148,4 +156,6 @@ def double_binary_tree_all_reduce(tensor, op="sum", group=None) -> None:
     """All-reduce in place with two complementary binary trees, half the data on each (NCCL's tree)."""
     from . import api
 
-    api.all_reduce(double_binary_tree_all_reduce_schedule, "double_binary_tree_all_reduce", tensor, op, group)
+    api.all_reduce(
+        double_binary_tree_all_reduce_schedule, "double_binary_tree_all_reduce", tensor, op, group
+    )
