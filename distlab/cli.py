@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "distlab.sim.commands",  # distlab sim
     "distlab.placement.commands",  # distlab place, distlab schedule
     "distlab.calc.commands",  # distlab memory, distlab bubble, distlab plan
+    "distlab.grading",  # distlab grade
 ]
 
 

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import matplotlib
-import matplotlib.pyplot  # in a notebook this sets up the inline display of figures
+import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -66,6 +66,14 @@ MAX_WORLD_SIZE = 8
 BOX = 0.72  # box width; the gap to the next column holds the arrows
 _COLORS = matplotlib.colormaps["tab10"].colors
 Grid = list[list[Counter]]
+
+
+def _subplots(rows: int, columns: int, figsize: tuple[float, float]):
+    """A closed pyplot figure: it shows once, as the value of a notebook cell or via
+    ``display``, and is not shown a second time by the inline backend at the end of the cell."""
+    fig, axes = plt.subplots(rows, columns, figsize=figsize, squeeze=False)
+    plt.close(fig)
+    return fig, axes
 
 
 def _check_world_size(world_size: int) -> None:
@@ -206,8 +214,8 @@ def plot_collective(collective: str, world_size: int = 4, root: int = 0) -> Figu
     """Start and end state of one collective, side by side."""
     schedule = schedule_for(collective, world_size, root)
     states = trace(schedule)
-    fig = Figure(figsize=(2.2 + 1.5 * schedule.n_chunks, 0.4 + 0.7 * world_size))
-    before, after = fig.subplots(1, 2)
+    fig, axes = _subplots(1, 2, figsize=(2.2 + 1.5 * schedule.n_chunks, 0.4 + 0.7 * world_size))
+    before, after = axes[0]
     draw_state(before, start_state(schedule), schedule, "before")
     draw_state(after, states[-1], schedule, "after", end=True)
     fig.suptitle(TITLES[collective], fontsize=11)
@@ -219,8 +227,7 @@ def plot_all_collectives(world_size: int = 4) -> Figure:
     """The six collectives, one row each: before | after."""
     _check_world_size(world_size)
     names = list(COLLECTIVES)
-    fig = Figure(figsize=(9, 1.1 * world_size * len(names) / 2 + 1))
-    axes = fig.subplots(len(names), 2)
+    fig, axes = _subplots(len(names), 2, figsize=(9, 1.1 * world_size * len(names) / 2 + 1))
     for row, name in zip(axes, names):
         schedule = schedule_for(name, world_size)
         draw_state(row[0], start_state(schedule), schedule, f"{TITLES[name]}\nbefore")
@@ -254,8 +261,9 @@ def plot_steps(schedule: Schedule, columns: int = 4) -> Figure:
     panels = schedule.n_steps + 1
     rows = -(-panels // columns)
     n, k = schedule.world_size, schedule.n_chunks
-    fig = Figure(figsize=(columns * (0.9 + 0.55 * k), rows * (0.5 + 0.5 * n)))
-    axes = fig.subplots(rows, columns, squeeze=False)
+    fig, axes = _subplots(
+        rows, columns, figsize=(columns * (0.9 + 0.55 * k), rows * (0.5 + 0.5 * n))
+    )
     for i, ax in enumerate(axes.flat):
         if i < panels:
             draw_step(ax, schedule, states, i)
@@ -329,8 +337,8 @@ def _player_class():
             from IPython.display import display
 
             n, k = self.schedule.world_size, self.schedule.n_chunks
-            fig = Figure(figsize=(1.6 + 1.1 * k, 0.6 + 0.75 * n))
-            ax = fig.subplots()
+            fig, axes = _subplots(1, 1, figsize=(1.6 + 1.1 * k, 0.6 + 0.75 * n))
+            ax = axes[0, 0]
             draw_step(ax, self.schedule, self.states, step)
             self.current_step = step
             with self.output:

@@ -1,0 +1,380 @@
+"""``distlab grade NOTEBOOK``: autograde one course notebook on your own machine.
+
+nbgrader grades in a *course directory* (``solutions/``, ``course/``,
+``submitted/<student>/``, ``autograded/<student>/`` and a gradebook
+database). A learner working alone has none of that, so this module builds a
+throw-away one:
+
+1. copy ``nbgrader_config.py`` and the assignment's source notebooks
+   (``solutions/NN-topic/``) into a temporary folder and run
+   ``nbgrader generate_assignment`` there, which records every graded cell,
+   its points and the checksum of every read-only cell in the gradebook;
+2. put the learner's notebook in ``submitted/<student>/NN-topic/`` and run
+   ``nbgrader autograde``: it restores any edited test cell from the gradebook,
+   puts the hidden tests back, executes the notebook and scores each test cell;
+3. read the points from the gradebook and the failing assertion of each test
+   cell from the executed notebook.
+
+The same functions build the course directory that ``tests/test_course.py``
+grades, so the learner's grader and the course's tests cannot drift apart.
+
+Each graded test cell of a source notebook may carry ``metadata.distlab``:
+``{"exercise": "<title>", "flashcards": "<notebook>#<section>"}``; a failed
+exercise then suggests ``flashcards drill --notebook <notebook>#<section>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_FILE = "nbgrader_config.py"
+SOURCE_DIR = "solutions"
+RELEASE_DIR = "course"
+ROOT_ENV_VAR = "DISTLAB_COURSE_ROOT"
+DEFAULT_STUDENT = "learner"
+
+
+# ------------------------------------------------------------ course layout ---
+def find_course_root(root: str | os.PathLike | None = None) -> Path:
+    """The folder holding ``nbgrader_config.py`` and ``solutions/``.
+
+    Looked up in this order: ``root``, ``$DISTLAB_COURSE_ROOT``, the checkout
+    this package was imported from (an editable install or a clone).
+    """
+    candidates = [Path(root)] if root is not None else []
+    if os.environ.get(ROOT_ENV_VAR):
+        candidates.append(Path(os.environ[ROOT_ENV_VAR]))
+    candidates.append(Path(__file__).resolve().parents[1])
+    for candidate in candidates:
+        if (candidate / CONFIG_FILE).is_file() and (candidate / SOURCE_DIR).is_dir():
+            return candidate.resolve()
+    tried = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(
+        f"no distlab course found (a folder with {CONFIG_FILE} and {SOURCE_DIR}/); tried: {tried}. "
+        f"Run from a clone of the distlab repository or set {ROOT_ENV_VAR}."
+    )
+
+
+def assignment_names(root: str | os.PathLike) -> list[str]:
+    """Every assignment: the folders of ``solutions/`` that hold a notebook, sorted."""
+    source = Path(root) / SOURCE_DIR
+    return sorted(p.name for p in source.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+
+
+def source_notebooks(root: str | os.PathLike, assignment: str) -> list[Path]:
+    return sorted((Path(root) / SOURCE_DIR / assignment).glob("*.ipynb"))
+
+
+# -------------------------------------------------------------- run nbgrader ---
+def nbgrader_env() -> dict[str, str]:
+    """The environment for nbgrader: this interpreter's ``bin`` first on PATH
+    (nbgrader runs ``alembic`` to create the gradebook, and the kernel must be
+    the Python that has distlab installed)."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # quiet debugger warning in kernels
+    return env
+
+
+def run_nbgrader(course_dir: str | os.PathLike, *args: str) -> str:
+    """Run ``nbgrader ARGS`` in ``course_dir``; return its log, raise RuntimeError on failure."""
+    command = [sys.executable, "-m", "nbgrader", *args]
+    done = subprocess.run(
+        command, cwd=course_dir, env=nbgrader_env(), capture_output=True, text=True, check=False
+    )
+    log = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed ({done.returncode}):\n{log}")
+    return log
+
+
+def prepare_course(
+    course_dir: str | os.PathLike, assignments: list[str] | None = None, root: str | None = None
+) -> Path:
+    """Copy the config and the source notebooks of ``assignments`` (default: all) into
+    ``course_dir`` and generate the released notebooks there (which fills the gradebook)."""
+    source_root = find_course_root(root)
+    course_dir = Path(course_dir)
+    names = assignment_names(source_root) if assignments is None else list(assignments)
+    shutil.copy(source_root / CONFIG_FILE, course_dir / CONFIG_FILE)
+    for name in names:
+        shutil.copytree(
+            source_root / SOURCE_DIR / name,
+            course_dir / SOURCE_DIR / name,
+            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
+        )
+    pattern = names[0] if len(names) == 1 else "*"
+    run_nbgrader(course_dir, "generate_assignment", pattern, "--create", "--force")
+    return course_dir
+
+
+def submit(course_dir: str | os.PathLike, student: str, assignment: str, notebook: Path) -> Path:
+    """Place ``notebook`` as ``student``'s submission of ``assignment`` (keeps its name)."""
+    target = Path(course_dir) / "submitted" / student / assignment
+    target.mkdir(parents=True, exist_ok=True)
+    destination = target / Path(notebook).name
+    shutil.copy(notebook, destination)
+    return destination
+
+
+def autograde(course_dir: str | os.PathLike, assignment: str = "*", student: str = "*") -> str:
+    """Autograde every matching submission (globs allowed); return nbgrader's log."""
+    return run_nbgrader(
+        course_dir, "autograde", assignment, "--student", student, "--create", "--force"
+    )
+
+
+# ------------------------------------------------------------- read results ---
+@dataclass(frozen=True)
+class ExerciseScore:
+    """One graded test cell of a submission."""
+
+    grade_id: str
+    title: str
+    points: float
+    max_points: float
+    failure: str | None  # the error the test cell raised, None if it passed
+    flashcards: str | None  # "<notebook>#<section>" to review, from the cell's metadata
+
+    @property
+    def passed(self) -> bool:
+        return self.points >= self.max_points
+
+
+@dataclass
+class NotebookGrade:
+    """The autograded result of one notebook."""
+
+    assignment: str
+    notebook: str
+    exercises: list[ExerciseScore]
+    edited_test_cells: list[str] = field(default_factory=list)
+
+    @property
+    def points(self) -> float:
+        return sum(e.points for e in self.exercises)
+
+    @property
+    def max_points(self) -> float:
+        return sum(e.max_points for e in self.exercises)
+
+
+def read_grade(
+    course_dir: str | os.PathLike, student: str, assignment: str, notebook: str
+) -> NotebookGrade:
+    """Points per graded cell from the gradebook, failures from the autograded notebook."""
+    import nbformat
+    from nbgrader.api import Gradebook
+
+    course_dir = Path(course_dir)
+    autograded = course_dir / "autograded" / student / assignment / f"{notebook}.ipynb"
+    executed = nbformat.read(autograded, as_version=4)
+    failures = {
+        _grade_id(cell): _failure(cell.get("outputs", []))
+        for cell in executed.cells
+        if _grade_id(cell) is not None
+    }
+    source = nbformat.read(course_dir / SOURCE_DIR / assignment / f"{notebook}.ipynb", as_version=4)
+    info = {_grade_id(c): c.metadata.get("distlab", {}) for c in source.cells if _grade_id(c)}
+    order = [_grade_id(c) for c in source.cells if _is_graded(c)]
+    db_url = f"sqlite:///{course_dir / 'gradebook.db'}"
+    with Gradebook(db_url) as gradebook:
+        submission = gradebook.find_submission_notebook(notebook, assignment, student)
+        grades = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
+    exercises = []
+    for grade_id in order:
+        points, max_points = grades[grade_id]
+        meta = info.get(grade_id, {})
+        exercises.append(
+            ExerciseScore(
+                grade_id=grade_id,
+                title=meta.get("exercise", grade_id),
+                points=points,
+                max_points=max_points,
+                failure=failures.get(grade_id) if points < max_points else None,
+                flashcards=meta.get("flashcards"),
+            )
+        )
+    return NotebookGrade(assignment, notebook, exercises)
+
+
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _is_graded(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and cell.get("cell_type") == "code"
+
+
+def _failure(outputs) -> str | None:
+    """``ExcType: message`` of a cell's error; for a failed rank, the rank's own last line too."""
+    for output in outputs:
+        if output.get("output_type") != "error":
+            continue
+        value = str(output.get("evalue", "")).strip()
+        lines = [line for line in value.splitlines() if line.strip()]
+        head = f"{output.get('ename', 'Error')}: {lines[0] if lines else ''}".rstrip(": ")
+        if len(lines) > 1:  # a RankError carries the rank's traceback; its last line is the cause
+            return f"{head}\n{lines[-1].strip()}"
+        return head
+    return None
+
+
+# ------------------------------------------------------- one learner notebook ---
+def identify(notebook_path: str | os.PathLike, root: str | None = None) -> tuple[str, str]:
+    """(assignment, notebook name) of a learner's notebook, matched by its graded cells' ids."""
+    import nbformat
+
+    path = Path(notebook_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such notebook: {path}")
+    if path.suffix != ".ipynb":
+        raise ValueError(f"{path} is not a notebook (expected a .ipynb file)")
+    try:
+        learner = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - any parse failure means "not a notebook"
+        raise ValueError(f"{path} could not be read as a Jupyter notebook: {exc}") from None
+    ids = {_grade_id(c) for c in learner.cells if _is_graded(c)}
+    source_root = find_course_root(root)
+    matches = []
+    for assignment in assignment_names(source_root):
+        for source in source_notebooks(source_root, assignment):
+            nb = nbformat.read(source, as_version=4)
+            graded = {_grade_id(c) for c in nb.cells if _is_graded(c)}
+            if graded and graded & ids:
+                matches.append((len(graded & ids), assignment, source.stem))
+    if not matches:
+        known = ", ".join(assignment_names(source_root))
+        raise ValueError(
+            f"{path} is not part of the distlab course: none of its cells is a graded test "
+            f"cell of the course notebooks ({known}). Grade a notebook from course/."
+        )
+    _, assignment, name = max(matches)
+    return assignment, name
+
+
+def edited_test_cells(notebook_path: str | os.PathLike) -> list[str]:
+    """grade_ids of read-only cells whose checksum no longer matches (nbgrader's Validator check)."""
+    from nbgrader.validator import Validator
+
+    report = Validator(preprocessors=[]).validate(str(Path(notebook_path).resolve()))
+    changed = {c["source"] for c in report.get("changed", [])}
+    import nbformat
+
+    nb = nbformat.read(notebook_path, as_version=4)
+    return [_grade_id(c) or "?" for c in nb.cells if c.source.strip() in changed]
+
+
+def grade_notebook(
+    notebook_path: str | os.PathLike, root: str | None = None, keep: str | None = None
+) -> NotebookGrade:
+    """Autograde one learner notebook in a temporary course directory.
+
+    ``keep``: a folder to build the course directory in (kept afterwards, for
+    inspecting the autograded notebook); default a temporary one, deleted.
+    """
+    assignment, notebook = identify(notebook_path, root)
+    edited = edited_test_cells(notebook_path)
+    with tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp:
+        course_dir = Path(keep) if keep else Path(tmp)
+        course_dir.mkdir(parents=True, exist_ok=True)
+        prepare_course(course_dir, [assignment], root)
+        learner = Path(tmp) / "upload" / f"{notebook}.ipynb"
+        learner.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(notebook_path, learner)
+        submit(course_dir, DEFAULT_STUDENT, assignment, learner)
+        autograde(course_dir, assignment, DEFAULT_STUDENT)
+        grade = read_grade(course_dir, DEFAULT_STUDENT, assignment, notebook)
+    grade.edited_test_cells = edited
+    return grade
+
+
+def flashcard_suggestions(grade: NotebookGrade) -> list[tuple[str, int | None]]:
+    """(section, number of cards or None if the deck cannot be read) for each failed exercise."""
+    sections = []
+    for exercise in grade.exercises:
+        if not exercise.passed and exercise.flashcards and exercise.flashcards not in sections:
+            sections.append(exercise.flashcards)
+    try:
+        from flashcards.model import load_deck
+
+        deck = load_deck()
+    except ImportError:
+        return [(s, None) for s in sections]
+    return [(s, len(deck.filter(notebook=s))) for s in sections]
+
+
+def format_report(grade: NotebookGrade) -> str:
+    lines = [
+        f"{grade.assignment}/{grade.notebook}.ipynb: {grade.points:g} / {grade.max_points:g} points"
+    ]
+    if grade.edited_test_cells:
+        lines.append(
+            f"note: {len(grade.edited_test_cells)} read-only test cell(s) were edited "
+            f"({', '.join(grade.edited_test_cells)}); they were graded with the original tests."
+        )
+    width = max((len(e.title) for e in grade.exercises), default=0)
+    for e in grade.exercises:
+        status = "passed" if e.passed else "FAILED"
+        lines.append(f"  {e.title:<{width}}  {e.points:g}/{e.max_points:g}  {status}")
+        if e.failure:
+            lines.extend(f"      {line}" for line in e.failure.splitlines())
+    suggestions = flashcard_suggestions(grade)
+    if suggestions:
+        lines.append("Review the topics you missed:")
+        for section, n_cards in suggestions:
+            count = "" if n_cards is None else f"   ({n_cards} cards)"
+            lines.append(f"  flashcards drill --notebook {section}{count}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ CLI ---
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "grade",
+        help="autograde a course notebook (points per exercise, failing tests, what to review)",
+        description=(
+            "Autograde one notebook of the distlab course in a temporary nbgrader course "
+            "directory: hidden tests included, edited test cells restored."
+        ),
+    )
+    parser.add_argument(
+        "notebook", help="path to your notebook, e.g. course/00-launching/00-launching.ipynb"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--course-root", help=f"the course checkout (default: ${ROOT_ENV_VAR} or this package's)"
+    )
+    parser.add_argument(
+        "--keep", metavar="DIR", help="build the course directory in DIR and keep it"
+    )
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        grade = grade_notebook(args.notebook, args.course_root, args.keep)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    if args.json:
+        payload = {
+            "assignment": grade.assignment,
+            "notebook": grade.notebook,
+            "points": grade.points,
+            "max_points": grade.max_points,
+            "edited_test_cells": grade.edited_test_cells,
+            "exercises": [e.__dict__ for e in grade.exercises],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print(format_report(grade))
+    return 0 if grade.points >= grade.max_points else 1

@@ -1,0 +1,181 @@
+"""The course notebooks, graded by nbgrader exactly as an instructor (or `distlab grade`) would.
+
+One temporary course directory serves the whole module: the source notebooks of
+``solutions/`` are released there with ``nbgrader generate_assignment``; two
+students submit, "solution" (the source notebooks, solutions filled in) and
+"untouched" (the released notebooks as a learner receives them); one
+``nbgrader autograde`` call grades everything. Nothing is written into the repo.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from distlab import grading
+
+ROOT = grading.find_course_root()
+ASSIGNMENTS = grading.assignment_names(ROOT)
+NOTEBOOKS = [(a, nb.stem) for a in ASSIGNMENTS for nb in grading.source_notebooks(ROOT, a)]
+REGENERATE = 'nbgrader generate_assignment "*" --create --force'
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    course_dir = tmp_path_factory.mktemp("course")
+    grading.prepare_course(course_dir)
+    for assignment, name in NOTEBOOKS:
+        notebook = f"{name}.ipynb"
+        grading.submit(
+            course_dir, "solution", assignment, ROOT / "solutions" / assignment / notebook
+        )
+        grading.submit(
+            course_dir, "untouched", assignment, course_dir / "course" / assignment / notebook
+        )
+    grading.autograde(course_dir)
+    return course_dir
+
+
+def _cells(path: Path) -> list[tuple]:
+    """What a released notebook consists of, without volatile fields (outputs, counts)."""
+    nb = nbformat.read(path, as_version=4)
+    return [(c.cell_type, c.get("id"), c.source, dict(c.metadata)) for c in nb.cells]
+
+
+def _graded(nb) -> list:
+    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
+
+
+# ------------------------------------------------------------ static checks ---
+def test_there_are_notebooks():
+    assert {"00-launching", "01-memory-anatomy", "02-collectives"} <= set(ASSIGNMENTS)
+
+
+@pytest.mark.parametrize("assignment,name", NOTEBOOKS)
+def test_every_exercise_has_solution_visible_and_hidden_tests(assignment, name):
+    nb = nbformat.read(ROOT / "solutions" / assignment / f"{name}.ipynb", as_version=4)
+    assert "After this notebook you can" in nb.cells[0].source, "open with what the learner can do"
+    solutions = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    tests = _graded(nb)
+    assert solutions and len(tests) == len(solutions), "one graded test cell per solution cell"
+    for cell in solutions:
+        assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source
+    for cell in tests:
+        meta = cell.metadata["nbgrader"]
+        assert meta["points"] > 0 and meta["locked"], meta["grade_id"]
+        visible, _, hidden = cell.source.partition("### BEGIN HIDDEN TESTS")
+        assert "assert" in visible, f"{meta['grade_id']}: no visible test"
+        hidden_code, end, _ = hidden.partition("### END HIDDEN TESTS")
+        assert end and hidden_code.strip(), f"{meta['grade_id']}: no hidden test"
+        assert cell.metadata["distlab"]["exercise"], meta["grade_id"]
+        assert cell.metadata["distlab"]["flashcards"].startswith(f"{assignment}#"), meta["grade_id"]
+
+
+@pytest.mark.parametrize("assignment,name", NOTEBOOKS)
+def test_released_notebook_hides_solutions_and_hidden_tests(assignment, name):
+    released = ROOT / "course" / assignment / f"{name}.ipynb"
+    assert released.is_file(), f"{released} missing: run `{REGENERATE}`"
+    nb = nbformat.read(released, as_version=4)
+    text = "\n".join(c.source for c in nb.cells)
+    assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text
+    stubs = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    assert stubs and all("raise NotImplementedError" in c.source for c in stubs)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+
+
+def test_flashcard_sections_match_notebook_headings():
+    """Every deck card that points into one of these notebooks names a heading that exists,
+    and every exercise's review section has cards."""
+    flashcards_model = pytest.importorskip("flashcards.model")
+    deck = flashcards_model.load_deck()
+    sections = {}
+    for assignment, name in NOTEBOOKS:
+        nb = nbformat.read(ROOT / "solutions" / assignment / f"{name}.ipynb", as_version=4)
+        headings = re.findall(
+            r"^#+\s+(.+)$",
+            "\n".join(c.source for c in nb.cells if c.cell_type == "markdown"),
+            re.MULTILINE,
+        )
+        sections[assignment] = {_slug(h) for h in headings}
+        for cell in _graded(nb):
+            anchor = cell.metadata["distlab"]["flashcards"]
+            assert deck.filter(notebook=anchor), f"no flashcards for {anchor}"
+    for card in deck.cards:
+        folder, _, section = card.notebook.partition("#")
+        if folder in sections and section:
+            assert section in sections[folder], (
+                f"card {card.slug}: no heading '{section}' in {folder}"
+            )
+
+
+# ----------------------------------------------------------- nbgrader runs ---
+def test_course_directory_is_up_to_date(course):
+    """course/ is exactly what generate_assignment makes from solutions/ today."""
+    released = sorted(p.relative_to(ROOT / "course") for p in (ROOT / "course").glob("*/*.ipynb"))
+    expected = sorted(
+        p.relative_to(course / "course") for p in (course / "course").glob("*/*.ipynb")
+    )
+    assert released == expected, f"course/ has other notebooks than solutions/: run `{REGENERATE}`"
+    for relative in expected:
+        assert _cells(ROOT / "course" / relative) == _cells(course / "course" / relative), (
+            f"course/{relative} is out of date with solutions/: run `{REGENERATE}`"
+        )
+
+
+@pytest.mark.parametrize("assignment,name", NOTEBOOKS)
+def test_solution_scores_full_marks(course, assignment, name):
+    grade = grading.read_grade(course, "solution", assignment, name)
+    failures = [f"{e.title}: {e.failure}" for e in grade.exercises if not e.passed]
+    assert not failures, "\n".join(failures)
+    assert grade.points == grade.max_points > 0
+
+
+@pytest.mark.parametrize("assignment,name", NOTEBOOKS)
+def test_solution_runs_without_errors(course, assignment, name):
+    """What `pytest --nbval-lax solutions/` checks: no cell of a solution notebook raises."""
+    nb = nbformat.read(
+        course / "autograded" / "solution" / assignment / f"{name}.ipynb", as_version=4
+    )
+    for cell in nb.cells:
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        assert not errors, (
+            f"{cell.source[:80]!r} raised {errors[0].ename}: {errors[0].evalue[:300]}"
+        )
+
+
+@pytest.mark.parametrize("assignment,name", NOTEBOOKS)
+def test_untouched_notebook_runs_to_the_end_and_scores_zero(course, assignment, name):
+    nb = nbformat.read(
+        course / "autograded" / "untouched" / assignment / f"{name}.ipynb", as_version=4
+    )
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "the kernel stopped before the last cell"
+    grade = grading.read_grade(course, "untouched", assignment, name)
+    assert grade.max_points > 0
+    for exercise in grade.exercises:
+        assert exercise.points == 0, f"{exercise.title} scores without a solution"
+        assert exercise.failure and "NotImplementedError" in exercise.failure, exercise.failure
+
+
+@pytest.mark.parametrize("assignment,name", NOTEBOOKS[:1])
+def test_edited_test_cell_is_detected(course, tmp_path, assignment, name):
+    released = course / "course" / assignment / f"{name}.ipynb"
+    untouched = tmp_path / "untouched.ipynb"
+    shutil.copy(released, untouched)
+    assert grading.edited_test_cells(untouched) == []
+    nb = nbformat.read(released, as_version=4)
+    test_cell = _graded(nb)[0]
+    test_cell.source = "assert True  # the tests are gone"
+    tampered = tmp_path / "tampered.ipynb"
+    nbformat.write(nb, tampered)
+    assert grading.edited_test_cells(tampered) == [test_cell.metadata["nbgrader"]["grade_id"]]
