@@ -46,13 +46,14 @@ DEFAULT_STUDENT = "learner"
 def find_course_root(root: str | os.PathLike | None = None) -> Path:
     """The folder holding ``nbgrader_config.py`` and ``solutions/``.
 
-    Looked up in this order: ``root``, ``$DISTLAB_COURSE_ROOT``, the checkout
-    this package was imported from (an editable install or a clone).
+    ``root`` if given (and nothing else); otherwise ``$DISTLAB_COURSE_ROOT``,
+    then the checkout this package was imported from (an editable install or a clone).
     """
-    candidates = [Path(root)] if root is not None else []
-    if os.environ.get(ROOT_ENV_VAR):
-        candidates.append(Path(os.environ[ROOT_ENV_VAR]))
-    candidates.append(Path(__file__).resolve().parents[1])
+    if root is not None:
+        candidates = [Path(root)]
+    else:
+        candidates = [Path(os.environ[ROOT_ENV_VAR])] if os.environ.get(ROOT_ENV_VAR) else []
+        candidates.append(Path(__file__).resolve().parents[1])
     for candidate in candidates:
         if (candidate / CONFIG_FILE).is_file() and (candidate / SOURCE_DIR).is_dir():
             return candidate.resolve()

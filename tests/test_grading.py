@@ -1,0 +1,131 @@
+"""`distlab grade`: finding the course, recognising a notebook, reporting, and one real grading."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import nbformat
+import pytest
+
+from distlab import cli, grading
+
+ROOT = grading.find_course_root()
+ASSIGNMENT = "01-memory-anatomy"  # the fastest notebook to execute (no worker processes)
+RELEASED = ROOT / "course" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+SOURCE = ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+
+
+def _cell(nb, grade_id: str):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def test_find_course_root(tmp_path, monkeypatch):
+    assert (ROOT / "nbgrader_config.py").is_file() and (ROOT / "solutions").is_dir()
+    with pytest.raises(FileNotFoundError, match="no distlab course found"):
+        grading.find_course_root(tmp_path)
+    monkeypatch.setenv(grading.ROOT_ENV_VAR, str(ROOT))
+    assert grading.find_course_root() == ROOT
+
+
+def test_identify_released_and_renamed_notebooks(tmp_path):
+    assert grading.identify(RELEASED) == (ASSIGNMENT, ASSIGNMENT)
+    renamed = tmp_path / "my work.ipynb"
+    renamed.write_bytes(RELEASED.read_bytes())
+    assert grading.identify(renamed) == (ASSIGNMENT, ASSIGNMENT)
+
+
+def test_identify_rejects_what_is_not_a_course_notebook(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such notebook"):
+        grading.identify(tmp_path / "missing.ipynb")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="not a notebook"):
+        grading.identify(text)
+    broken = tmp_path / "broken.ipynb"
+    broken.write_text("{ not json")
+    with pytest.raises(ValueError, match="could not be read"):
+        grading.identify(broken)
+    foreign = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("assert 1 + 1 == 2")])
+    foreign.cells[0].metadata["nbgrader"] = {
+        "grade": True,
+        "grade_id": "someone-elses",
+        "points": 1,
+    }
+    nbformat.write(foreign, tmp_path / "foreign.ipynb")
+    with pytest.raises(ValueError, match="not part of the distlab course"):
+        grading.identify(tmp_path / "foreign.ipynb")
+
+
+def test_cli_errors_are_one_clear_line(capsys, tmp_path):
+    assert cli.main(["grade", str(tmp_path / "missing.ipynb")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("distlab grade: error: no such notebook") and "Traceback" not in err
+
+
+def test_failure_keeps_the_failing_ranks_own_error():
+    rank_error = {
+        "output_type": "error",
+        "ename": "RankError",
+        "evalue": "rank 1 failed with AssertionError; every rank was stopped.\n"
+        '--- traceback from rank 1 ---\n  File "<cell>", line 3\nAssertionError: got [3.0]',
+    }
+    assert grading._failure([rank_error]) == (
+        "RankError: rank 1 failed with AssertionError; every rank was stopped.\n"
+        "AssertionError: got [3.0]"
+    )
+    plain = {"output_type": "error", "ename": "NotImplementedError", "evalue": ""}
+    assert (
+        grading._failure([{"output_type": "stream", "text": "hi"}, plain]) == "NotImplementedError"
+    )
+    assert grading._failure([{"output_type": "stream", "text": "hi"}]) is None
+
+
+def test_report_lists_points_failures_and_review_commands():
+    grade = grading.NotebookGrade(
+        ASSIGNMENT,
+        ASSIGNMENT,
+        [
+            grading.ExerciseScore(
+                "a", "Bytes per parameter", 2, 2, None, f"{ASSIGNMENT}#bytes-per-parameter"
+            ),
+            grading.ExerciseScore(
+                "b", "Backward by hand", 0, 3, "AssertionError: grad_w1", f"{ASSIGNMENT}#backprop"
+            ),
+        ],
+        edited_test_cells=["b"],
+    )
+    report = grading.format_report(grade)
+    assert f"{ASSIGNMENT}/{ASSIGNMENT}.ipynb: 2 / 5 points" in report
+    assert re.search(r"Backward by hand\s+0/3\s+FAILED\n\s+AssertionError: grad_w1", report)
+    assert f"flashcards drill --notebook {ASSIGNMENT}#backprop" in report
+    assert "#bytes-per-parameter" not in report.split("Review")[1], (
+        "passed exercises are not suggested"
+    )
+    assert "were edited (b)" in report
+
+
+@pytest.mark.timeout(300)
+def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
+    """End to end through the CLI: one exercise solved, one test cell gutted by the learner."""
+    learner = nbformat.read(RELEASED, as_version=4)
+    solution = _cell(nbformat.read(SOURCE, as_version=4), "bytes-per-parameter").source
+    _cell(learner, "bytes-per-parameter").source = re.sub(
+        r"\s*### (BEGIN|END) SOLUTION", "", solution
+    )
+    _cell(learner, "test-manual-backward").source = "pass  # no more tests"
+    path = tmp_path / "mine.ipynb"
+    nbformat.write(learner, path)
+
+    assert cli.main(["grade", str(path), "--json"]) == 1  # not full marks
+    result = json.loads(capsys.readouterr().out)
+    points = {e["grade_id"]: (e["points"], e["max_points"]) for e in result["exercises"]}
+    assert points == {
+        "test-bytes-per-parameter": (2, 2),
+        "test-manual-backward": (0, 3),  # graded with the original test, not the learner's `pass`
+        "test-accumulate-gradients": (0, 3),
+    }
+    assert result["edited_test_cells"] == ["test-manual-backward"]
+    failures = {e["grade_id"]: e["failure"] for e in result["exercises"]}
+    assert failures["test-bytes-per-parameter"] is None
+    assert "NotImplementedError" in failures["test-accumulate-gradients"]
