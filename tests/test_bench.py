@@ -1,0 +1,48 @@
+"""`distlab bench`: size parsing, busbw factors, and a tiny real run through the CLI."""
+
+import json
+
+import pytest
+
+from distlab.cli import main
+from distlab.collectives.bench import BUSBW_FACTOR, format_size, parse_size, parse_sizes
+
+
+def test_sizes_parse_like_nccl_tests():
+    assert parse_size("4KiB") == 4096
+    assert parse_size("64MiB") == 64 << 20
+    assert parse_sizes("4KiB:64MiB") == [4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+    assert parse_sizes("4KiB,1MiB") == [4096, 1 << 20]
+    assert format_size(64 << 20) == "64MiB"
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "-4KiB", "0"])
+def test_bad_sizes_are_named(bad):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(bad)
+
+
+def test_busbw_factors_are_the_nccl_tests_ones():
+    assert BUSBW_FACTOR["all_reduce"](4) == 2 * 3 / 4
+    assert BUSBW_FACTOR["all_gather"](4) == 3 / 4
+    assert BUSBW_FACTOR["reduce_scatter"](8) == 7 / 8
+    assert BUSBW_FACTOR["broadcast"](8) == 1
+
+
+def test_bench_cli_json_on_two_ranks(capsys):
+    code = main(["bench", "--world-sizes", "2", "--sizes", "4KiB", "--iters", "2",
+                 "--collectives", "all_reduce,all_gather", "--algorithms", "builtin,ring", "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)
+    assert {(r["collective"], r["algorithm"]) for r in records} == {
+        ("all_reduce", "builtin"), ("all_reduce", "ring"), ("all_gather", "builtin"), ("all_gather", "ring"),
+    }
+    for r in records:
+        assert r["world_size"] == 2 and r["bytes"] == 4096 and r["time_s"] > 0
+        factor = 1.0 if r["collective"] == "all_reduce" else 0.5
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor)
+
+
+def test_bench_cli_rejects_unknown_collective(capsys):
+    assert main(["bench", "--collectives", "gossip"]) == 2
+    assert "unknown collective" in capsys.readouterr().err
