@@ -1,0 +1,47 @@
+"""The README's code runs: the notebook-cell example, train.py under torchrun, the shell tour."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def test_notebook_cell_example_runs():
+    cell = next(b for b in code_blocks("python") if "distlab.run(hello" in b)
+    namespace = {"__name__": "__main__"}
+    exec(compile(cell, "README cell", "exec"), namespace)
+    assert namespace["distlab"].run(namespace["hello"], world_size=4) == [6.0] * 4
+
+
+def test_train_py_runs_under_torchrun(tmp_path):
+    script = next(b for b in code_blocks("python") if b.startswith("# train.py"))
+    (tmp_path / "train.py").write_text(script)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(re.findall(r"^(\d) ([\d.]+)$", result.stdout, flags=re.M)) == [("0", "1.0"), ("1", "1.0")]
+
+
+TOUR = [line for line in code_blocks("bash")[-1].splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("command", TOUR)
+def test_shell_tour_commands_run(command):
+    program, *args = shlex.split(command)
+    result = subprocess.run(
+        [sys.executable, "-m", f"{program}.cli", *args], capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip()
