@@ -28,13 +28,13 @@ import torch
 
 import distlab
 from distlab.calc.comm import data_parallel_comm
-from distlab.calc.memory import model_state_bytes
+from distlab.calc.memory import get_recipe, model_state_bytes
 
 WORLD_SIZES = [1, 2, 3, 4]
-STEPS = {"mlp": 3, "gpt": 2}
+STEPS = {"mlp": 3, "gpt": 2, "mlp_bf16": 1}
 GLOBAL_BATCH = 24
-BUCKET_MB = 0.004  # ~1000 fp32 elements per bucket: several buckets even for the MLP
-GPT_BUCKET_MB = 0.05  # ~12,500 elements: 3 buckets for the GPT's 28k parameters
+BUCKET_MB = 0.004  # MiB: ~1000 fp32 elements per bucket, several buckets even for the MLP
+GPT_BUCKET_MB = 0.05  # MiB: ~13,000 elements, 3 buckets for the GPT's 28k parameters
 
 # name: (method, micro_batches, build options)
 RUNS = {
@@ -53,6 +53,13 @@ RUNS = {
     "fsdp_layer": ("fsdp", 1, {"wrap": "layer"}),
     "fsdp_model": ("fsdp", 1, {"wrap": "model"}),
     "fsdp_prefetch": ("fsdp", 1, {"wrap": "layer", "prefetch": True}),
+}
+# 16-bit MLP runs (not compared with fp32 training): (method, options, calculator recipe)
+BF16_RUNS = {
+    "bucketed_ddp": ("bucketed_ddp", {"bucket_cap_mb": BUCKET_MB}, "mixed_adam"),
+    "zero1": ("zero1", {"bucket_cap_mb": BUCKET_MB}, "mixed_adam"),
+    "zero2": ("zero2", {"bucket_cap_mb": BUCKET_MB}, "mixed_adam"),
+    "fsdp_layer": ("fsdp", {"wrap": "layer"}, "bf16_adam"),
 }
 GPT_RUNS = ["naive_ddp", "bucketed_ddp", "ddp_accumulation", "zero1", "zero2", "fsdp_block"]
 ACCUMULATING = {"ddp_accumulation", "zero2_accumulation"}
@@ -88,6 +95,9 @@ def _worker(rank, world_size):
     runs[("gpt", "fsdp_block")] = ("fsdp", 1, {"wrap": (GPTBlock,)})
     for model_name in models:
         runs[(model_name, "single")] = ("single", 1, {})
+    models["mlp_bf16"] = (lambda: MLP(seed=1).bfloat16(), mlp_batch, T.mse_loss, {"lr": 1e-2})
+    for name, (method, options, _) in BF16_RUNS.items():
+        runs[("mlp_bf16", name)] = (method, 1, options)
 
     out = {}
     for (model_name, run_name), (method, micro, options) in runs.items():
@@ -102,16 +112,21 @@ def _worker(rank, world_size):
         owner = trainer.optimizer if method.startswith("zero") else trainer.model
         groups = getattr(owner, "flat_groups", [])
         out[(model_name, run_name)] = {
-            "params": full_state(trainer.model, trainer.optimizer)["params"],
+            "params": None
+            if model_name == "mlp_bf16"
+            else full_state(trainer.model, trainer.optimizer)["params"],
             "memory": measure_model_state(trainer.model, trainer.optimizer),
             "traffic": traffic.bytes_sent,
+            "algorithms": set(traffic.by_schedule),
             "calls": calls,
             "n_params": sum(p.numel() for p in make().parameters()),
             "n_tensors": sum(1 for _ in make().parameters()),
             "padded": sum(g.padded_numel for g in groups),
             "n_groups": len(groups) or len(getattr(trainer.model, "buckets", [])),
             "peak": getattr(trainer.model, "peak_materialised_bytes", None),
-            "largest_unit": max((g.padded_numel * 4 for g in groups), default=0),
+            "prefetched": getattr(trainer.model, "prefetched_gathers", None),
+            "own_shards": sum(g.shard_numel * g.dtype.itemsize for g in groups),
+            "largest_unit": max((g.padded_numel * g.dtype.itemsize for g in groups), default=0),
         }
     return out
 
@@ -132,6 +147,8 @@ def results():
 def test_every_method_matches_single_process_training(results, world_size):
     for rank_result in results(world_size):
         for (model, name), run in rank_result.items():
+            if model == "mlp_bf16":
+                continue  # 16 bits: compared with fp32 loosely in test_parallel_precision
             reference = rank_result[(model, "single")]["params"]
             assert run["params"].keys() == reference.keys()
             for key, value in run["params"].items():
@@ -148,7 +165,7 @@ def test_every_method_matches_single_process_training(results, world_size):
 def test_bitwise_equal_where_the_arithmetic_is_the_same(results, world_size):
     rank_result = results(world_size)[0]
     for (model, name), run in rank_result.items():
-        if name in ACCUMULATING or (world_size > 1 and name == "single"):
+        if name in ACCUMULATING or (world_size > 1 and name == "single") or model == "mlp_bf16":
             continue  # micro-batches sum in another order: equal only to rounding
         reference = rank_result[(model, "single" if world_size == 1 else "naive_ddp")]["params"]
         for key in reference:
@@ -160,42 +177,52 @@ def test_all_ranks_end_with_identical_parameters(results, world_size):
     per_rank = results(world_size)
     for run_key, run in per_rank[0].items():
         for other in per_rank[1:]:
-            for key, value in run["params"].items():
+            for key, value in (run["params"] or {}).items():
                 assert torch.equal(value, other[run_key]["params"][key]), (run_key, key)
 
 
-def _expected_memory(run: dict, name: str, world_size: int):
-    """The calculator at the element counts the buffers really have (see the docstring)."""
-    method = RUNS[name][0] if name in RUNS else ("fsdp" if name.startswith("fsdp") else name)
-    stage = STAGE[method]
-    exact = model_state_bytes(run["n_params"], recipe="fp32_adam", zero_stage=stage, dp=world_size)
-    if stage == 0:
-        return exact, exact
-    padded = model_state_bytes(run["padded"], recipe="fp32_adam", zero_stage=stage, dp=world_size)
-    return exact, padded
+def _method_recipe_bytes(model: str, name: str) -> tuple[str, str, int]:
+    """(method, calculator recipe, bytes per parameter and gradient) of a run."""
+    if model == "mlp_bf16":
+        method, _, recipe = BF16_RUNS[name]
+        return method, recipe, 2
+    recipe = "sgd_momentum" if model == "gpt" else "fp32_adam"
+    return (RUNS[name][0] if name in RUNS else name.split("_")[0]), recipe, 4
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_measured_model_state_equals_the_calculator(results, world_size):
     """Flat buffers are padded to a multiple of K (at most K-1 elements per group):
-    sharded and flat buffers match the calculator at the padded count exactly,
+    flat and sharded buffers match the calculator at the padded count exactly,
     ZeRO-1's unsharded gradients at the true count; with no padding, everything
-    matches the calculator at the true parameter count."""
+    matches the calculator at the true parameter count. The fp32 MLP uses the
+    fp32_adam recipe, the GPT sgd_momentum, the bf16 MLP mixed_adam (fp32
+    masters) or, for FSDP on a bf16 model, bf16_adam."""
+    checked = set()
     for rank_result in results(world_size):
         for (model, name), run in rank_result.items():
-            if model != "mlp" or name == "single" or name.startswith("fsdp_prefetch"):
+            if name in ("single", "fsdp_prefetch"):
                 continue
-            exact, padded = _expected_memory(run, name, world_size)
+            method, recipe, _ = _method_recipe_bytes(model, name)
+            stage = STAGE[method]
+            exact = model_state_bytes(
+                run["n_params"], recipe=recipe, zero_stage=stage, dp=world_size
+            )
+            padded = model_state_bytes(
+                run["padded"] or run["n_params"], recipe=recipe, zero_stage=stage, dp=world_size
+            )
             measured = run["memory"]
-            assert measured.parameters == padded.parameters, (name, measured, padded)
-            grads = exact.gradients if RUNS[name][0] == "zero1" else padded.gradients
-            assert measured.gradients == grads, (name, measured)
-            assert measured.optimizer_states == padded.optimizer_states, (name, measured)
+            assert measured.parameters == padded.parameters, (model, name, measured, padded)
+            grads = exact.gradients if method == "zero1" else padded.gradients
+            assert measured.gradients == grads, (model, name, measured)
+            assert measured.optimizer_states == padded.optimizer_states, (model, name, measured)
             if run["padded"] in (0, run["n_params"]):
-                assert measured.total == exact.total, (name, measured, exact)
+                assert measured.total == exact.total, (model, name, measured, exact)
             else:
-                slack = (run["padded"] - run["n_params"]) * 16
+                slack = (run["padded"] - run["n_params"]) * get_recipe(recipe).bytes_per_param
                 assert 0 < measured.total - exact.total <= slack
+            checked.add((model, method))
+    assert len(checked) == 14  # 5 methods on the MLP and the GPT, 4 on the bf16 MLP
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -204,9 +231,41 @@ def test_fsdp_peak_is_own_shards_plus_largest_unit(results, world_size):
         for (model, name), run in rank_result.items():
             if name not in ("fsdp_layer", "fsdp_model"):
                 continue
-            own_shards = run["padded"] // world_size * 4
+            own_shards = run["own_shards"]
             bound = (own_shards + run["largest_unit"]) * 1.05
             assert own_shards < run["peak"] <= bound, (name, run["peak"], bound)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_fsdp_prefetch_gathers_ahead_within_two_units(results, world_size):
+    """Prefetch really gathers the next unit early (from the second step on, when
+    the order is known), and then holds at most two units besides the shards."""
+    for rank_result in results(world_size):
+        for model in ("mlp", "mlp_bf16"):
+            without = rank_result[(model, "fsdp_layer")]
+            assert without["prefetched"] == 0
+        run = rank_result[("mlp", "fsdp_prefetch")]
+        assert run["prefetched"] > 0
+        bound = (run["own_shards"] + 2 * run["largest_unit"]) * 1.05
+        assert run["own_shards"] < run["peak"] <= bound, (run["peak"], bound)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_chosen_collective_is_the_one_that_runs(results, world_size):
+    """algorithm="ring" / "tree" send through distlab's own schedules (and nothing
+    else); "builtin" sends nothing through them, torch.distributed does the work
+    (and the parameters still match: see the equality test)."""
+    for (model, name), run in results(world_size)[0].items():
+        if name == "single" or name not in RUNS:
+            continue
+        algorithm = RUNS[name][2].get("algorithm", "ring")
+        if algorithm == "builtin":
+            assert run["traffic"] == 0 and run["algorithms"] == set(), (model, name)
+        else:
+            assert run["algorithms"] and all(
+                key.startswith(algorithm + "_") for key in run["algorithms"]
+            ), (model, name, run["algorithms"])
+    assert results(world_size)[0][("mlp", "naive_ddp_tree")]["algorithms"] == {"tree_all_reduce"}
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -217,25 +276,26 @@ def test_bytes_sent_match_the_communication_calculator(results, world_size):
     the mean over ranks matches exactly."""
     per_rank = results(world_size)
     for key, run in per_rank[0].items():
-        name = key[1]
-        if name not in RUNS or RUNS[name][2].get("algorithm", "ring") != "ring":
+        model, name = key
+        if name == "single" or name not in RUNS or RUNS[name][2].get("algorithm", "ring") != "ring":
             continue  # the calculator counts ring algorithms; the built-in's bytes are not counted
-        method, micro, _ = RUNS[name]
+        method, _, n_bytes = _method_recipe_bytes(model, name)
+        micro = RUNS[name][1] if model != "mlp_bf16" else 1
         stage = STAGE[method]
         n = run["n_params"] if stage == 0 else run["padded"]
         expected = data_parallel_comm(
             n,
             dp=world_size,
             zero_stage=stage,
-            bytes_per_param=4,
-            bytes_per_grad=4,
+            bytes_per_param=n_bytes,
+            bytes_per_grad=n_bytes,
             micro_batches=micro,
         ).total
         sent = [r[key]["traffic"] for r in per_rank]
         if stage == 0:
             assert sum(sent) / world_size == pytest.approx(expected, rel=1e-12, abs=0)
             tensors = run["n_groups"] if method == "bucketed_ddp" else run["n_tensors"]
-            assert all(abs(s - expected) <= 2 * (world_size - 1) * 4 * tensors for s in sent)
+            assert all(abs(s - expected) <= 2 * (world_size - 1) * n_bytes * tensors for s in sent)
         else:
             assert sent == [expected] * world_size, (name, sent, expected)
 

@@ -8,6 +8,7 @@ One idea per module, each short enough to read top to bottom:
 ``buckets``         DDP's gradient buckets; launching them in order in backward
 ``trace``           per-bucket timestamps: gradient ready, all-reduce start/end
 ``ddp``             :class:`NaiveDDP` and :class:`BucketedDDP` (overlap)
+``ddp_timing``      naive against bucketed DDP, step times side by side
 ``accumulation``    K micro-batches, loss / K, communicate once
 ``mixed_precision`` bf16/fp16 weights, fp32 masters, dynamic loss scaling
 ``flat``            flat parameters cut into K shards
@@ -30,6 +31,7 @@ from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .comm import ALGORITHMS, Collectives, CommThread
 from .data import ShardSampler, shard_batch, shard_indices
 from .ddp import BucketedDDP, NaiveDDP
+from .ddp_timing import time_ddp_variants
 from .fsdp import FSDP
 from .memory import MeasuredModelState, measure_model_state, storage_bytes
 from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer, autocast
@@ -63,4 +65,5 @@ __all__ = [
     "shard_batch",
     "shard_indices",
     "storage_bytes",
+    "time_ddp_variants",
 ]

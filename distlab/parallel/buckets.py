@@ -5,7 +5,7 @@ Accelerating Data Parallel Training", VLDB, Section 3.2.3). All-reducing
 each parameter's gradient on its own pays a collective's latency once per
 tensor; all-reducing everything after backward cannot overlap with it.
 DDP's answer is to cut the parameters into buckets of about ``bucket_cap_mb``
-(default 25 MB) in *reverse* order of ``model.parameters()``, because
+(default 25; PyTorch's "MB" is MiB, 2^20 bytes) in *reverse* order of ``model.parameters()``, because
 backward produces gradients roughly from the last layer to the first, and to
 all-reduce a bucket as soon as all its gradients exist.
 
@@ -29,13 +29,29 @@ from collections.abc import Callable, Sequence
 import torch
 
 DEFAULT_BUCKET_CAP_MB = 25.0  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb
+BYTES_PER_MB = (
+    2**20
+)  # DDP multiplies bucket_cap_mb by 1024 * 1024 (torch/nn/parallel/distributed.py)
+
+
+def bucket_cap_bytes(bucket_cap_mb: float) -> float:
+    """``bucket_cap_mb`` in bytes, counted as DDP counts it (1 MB = 2^20 bytes)."""
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)):
+        raise TypeError(f"bucket_cap_mb must be a number, got {bucket_cap_mb!r}")
+    if not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+    return bucket_cap_mb * BYTES_PER_MB
 
 
 def assign_buckets(params: Sequence[torch.nn.Parameter], cap_bytes: float) -> list[list]:
     """Cut ``params`` (already in the order gradients are expected) into buckets.
 
-    A bucket is closed when adding the next parameter would exceed
-    ``cap_bytes``; a parameter larger than the cap gets a bucket of its own.
+    PyTorch's rule (``torch.distributed._compute_bucket_assignment_by_size``
+    with one size limit): add parameters to the current bucket until it holds
+    at least ``cap_bytes``, then start a new one; so a bucket exceeds the cap by
+    less than its last parameter. (With the *default* cap, PyTorch makes the
+    first bucket only 1 MiB, so the first all-reduce starts sooner; distlab
+    uses one cap for every bucket.)
     """
     if not cap_bytes > 0:
         raise ValueError(f"bucket cap must be > 0 bytes, got {cap_bytes!r}")
@@ -43,12 +59,11 @@ def assign_buckets(params: Sequence[torch.nn.Parameter], cap_bytes: float) -> li
     current: list = []
     size = 0
     for p in params:
-        nbytes = p.numel() * p.element_size()
-        if current and size + nbytes > cap_bytes:
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if size >= cap_bytes:
             buckets.append(current)
             current, size = [], 0
-        current.append(p)
-        size += nbytes
     if current:
         buckets.append(current)
     return buckets

@@ -22,6 +22,11 @@ Supported pairs: a plain module or DDP wrapper with a torch optimizer;
 any model with a :class:`~distlab.parallel.zero.ZeroOptimizer`; an
 :class:`~distlab.parallel.fsdp.FSDP` model with a torch optimizer over
 ``fsdp.parameters()``. Every function is collective: call it on all ranks.
+
+Only the CPU generator's state is saved. On a GPU, dropout draws from the
+CUDA generator (``torch.cuda.get_rng_state``), which is not saved here, so a
+GPU run with dropout resumes with other masks: equal in distribution, not
+bit for bit.
 """
 
 from __future__ import annotations
@@ -236,6 +241,10 @@ def _owned(group, tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _rng_entry(mesh, local: torch.Tensor):
+    """This rank's CPU generator state as row ``rank`` of a (K, n) DTensor.
+
+    ``local`` must already be on the mesh's device (a copy on the GPU under NCCL).
+    """
     _, world_size = world()
     return _sharded(local.view(1, -1), world_size, mesh)
 
@@ -270,7 +279,7 @@ def save_sharded(path: str | os.PathLike, model, optimizer) -> None:
 
     mesh = _mesh()
     sd = _sharded_layout(model, optimizer, mesh)
-    sd["rng"] = _rng_entry(mesh, torch.get_rng_state())
+    sd["rng"] = _rng_entry(mesh, torch.get_rng_state().to(mesh.device_type))
     dcp.save(sd, checkpoint_id=os.fspath(path))
 
 
@@ -289,10 +298,10 @@ def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
     states: dict[int, dict] = {}  # optimizer index -> state being filled
     index = _index_of(inner)
 
-    def fresh(key: str, like_numel: int | None = None) -> torch.Tensor:
+    def fresh(key: str, device: torch.device, like_numel: int | None = None) -> torch.Tensor:
         meta = stored[key]
         shape = (like_numel,) if like_numel is not None else tuple(meta.size)
-        return torch.zeros(shape, dtype=meta.properties.dtype)
+        return torch.zeros(shape, dtype=meta.properties.dtype, device=device)
 
     if owner is None:
         for p in module.parameters():
@@ -300,7 +309,7 @@ def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
             sd[f"param.{name}"] = p.data
             for key in stored:
                 if key.startswith(f"optim.{name}."):
-                    value = fresh(key)
+                    value = fresh(key, p.device if stored[key].size else "cpu")
                     states.setdefault(index[id(p)], {})[key.rsplit(".", 1)[1]] = value
                     sd[key] = value
     else:
@@ -315,14 +324,14 @@ def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
                 if key.startswith(f"group{i}.") and key != f"group{i}.param":
                     name = key.split(".", 1)[1]
                     if tuple(stored[key].size) == (group.numel,):
-                        value = fresh(key, group.shard_numel)
+                        value = fresh(key, master.device, group.shard_numel)
                         sd[key] = _sharded(_owned(group, value), group.numel, mesh)
                     else:
-                        value = sd[key] = fresh(key)
+                        value = sd[key] = fresh(key, "cpu")  # e.g. Adam's step counter
                     states.setdefault(index[id(master)], {})[name] = value
     rng = None
     if "rng" in stored and stored["rng"].size[0] == world_size:
-        rng = torch.get_rng_state().clone()
+        rng = torch.get_rng_state().to(mesh.device_type, copy=True)
         sd["rng"] = _rng_entry(mesh, rng)
     with torch.no_grad():
         dcp.load(sd, checkpoint_id=path)
@@ -330,4 +339,4 @@ def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
     if owner is not None:
         owner.after_load()
     if rng is not None:
-        torch.set_rng_state(rng)
+        torch.set_rng_state(rng.cpu())

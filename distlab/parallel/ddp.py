@@ -13,7 +13,7 @@ Two versions, to compare:
   many times) and nothing overlaps with compute.
 * :class:`BucketedDDP` follows Li et al. 2020 ("PyTorch Distributed:
   Experiences on Accelerating Data Parallel Training", VLDB, Section 3.2):
-  gradients live in flat buckets of ``bucket_cap_mb`` (25 MB by default)
+  gradients live in flat buckets of ``bucket_cap_mb`` (25 MiB by default)
   filled in reverse parameter order; as soon as a bucket's gradients are all
   ready, its all-reduce starts on a communication thread while backward keeps
   computing the earlier layers' gradients.
@@ -40,7 +40,13 @@ from concurrent.futures import Future
 import torch
 from torch import nn
 
-from .buckets import DEFAULT_BUCKET_CAP_MB, ReadyInOrder, assign_buckets, trainable_parameters
+from .buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    ReadyInOrder,
+    assign_buckets,
+    bucket_cap_bytes,
+    trainable_parameters,
+)
 from .comm import Collectives, CommThread, broadcast_module_state
 from .trace import TraceRecorder
 
@@ -148,7 +154,7 @@ class BucketedDDP(nn.Module):
         broadcast_module_state(module, self.comm)
         self.overlap = overlap
         params = trainable_parameters(module)
-        groups = assign_buckets(params[::-1], bucket_cap_mb * 1e6)  # MB = 1e6 bytes, like DDP
+        groups = assign_buckets(params[::-1], bucket_cap_bytes(bucket_cap_mb))
         self.buckets = [_Bucket(g) for g in groups]
         self.trace = TraceRecorder([b.n_bytes for b in self.buckets])
         self._tracker = ReadyInOrder(

@@ -127,7 +127,10 @@ class FSDP(nn.Module):
     """ZeRO-3 / FSDP around ``module``; see the module docstring.
 
     ``peak_materialised_bytes``: the most bytes of parameters (shards plus
-    gathered units, summed over the storages) this rank held at once.
+    gathered units, summed over the storages) this rank held at once; at most
+    the shards plus the largest unit without prefetch, plus two units with it.
+    ``prefetched_gathers`` counts the all-gathers that prefetch started early
+    and a unit then used.
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class FSDP(nn.Module):
         self._order: list[_Unit] = []  # units in the order this step's forward ran them
         self._last_order: list[_Unit] = []
         self.peak_materialised_bytes = self.materialised_bytes()
+        self.prefetched_gathers = 0  # all-gathers started ahead by prefetch, then used
 
     def _build_units(self, chosen: list[tuple[str, nn.Module]]) -> list[_Unit]:
         owner = owner_of(self.module, [name for name, _ in chosen])
@@ -188,6 +192,7 @@ class FSDP(nn.Module):
         pending, unit.pending = unit.pending, None
         if pending is not None:
             pending.result()
+            self.prefetched_gathers += 1
         self._thread.run(lambda: self._all_gather(unit))
 
     def _prefetch(self, unit: _Unit, step: int) -> None:

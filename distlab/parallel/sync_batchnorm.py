@@ -41,7 +41,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, comm: Collectives, eps: float):
         x64 = x.double()
-        count = torch.tensor([x.numel() / x.shape[1]], dtype=torch.float64)
+        count = torch.tensor([x.numel() / x.shape[1]], dtype=torch.float64, device=x.device)
         stats = torch.cat([count, _channel_sum(x64), _channel_sum(x64 * x64)])
         comm.all_reduce_sum_(stats)
         c = x.shape[1]

@@ -13,6 +13,11 @@ what to call forward on and whose ``optimizer`` has ``step()`` and
 ``"fsdp"``             :class:`~distlab.parallel.fsdp.FSDP` + optimizer on its shards
 =====================  =======================================================
 
+A bf16/fp16 model trains through fp32 master weights (the ``mixed_adam``
+recipe): :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
+for single and DDP, ZeRO's own master shards for ZeRO; FSDP then trains its
+16-bit shards directly (the ``bf16_adam`` recipe, no master copy).
+
 :func:`train_step` does forward, backward (over ``micro_batches`` with the
 loss divided by their number) and the optimizer step on this rank's part of
 a global batch.
@@ -28,10 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .accumulation import accumulate_gradients
+from .buckets import DEFAULT_BUCKET_CAP_MB
 from .comm import world
 from .data import shard_batch
 from .ddp import BucketedDDP, NaiveDDP
 from .fsdp import FSDP
+from .mixed_precision import LOW_PRECISION, MixedPrecisionOptimizer
 from .zero import ZeroOptimizer
 
 METHODS = ("single", "naive_ddp", "bucketed_ddp", "zero1", "zero2", "fsdp")
@@ -52,20 +59,26 @@ def build(
     *,
     optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam,
     algorithm: str = "ring",
-    bucket_cap_mb: float = 25.0,
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
     wrap="layer",
     prefetch: bool = False,
     **optimizer_kwargs,
 ) -> Trainer:
     """Wrap ``model`` for ``method`` (one of :data:`METHODS`) and build its optimizer."""
+
+    def replicated_optimizer(module: nn.Module):
+        if next(module.parameters()).dtype in LOW_PRECISION:
+            return MixedPrecisionOptimizer(module, optimizer_class, **optimizer_kwargs)
+        return optimizer_class(module.parameters(), **optimizer_kwargs)
+
     if method == "single":
-        return Trainer(method, model, optimizer_class(model.parameters(), **optimizer_kwargs))
+        return Trainer(method, model, replicated_optimizer(model))
     if method == "naive_ddp":
         ddp = NaiveDDP(model, algorithm=algorithm)
-        return Trainer(method, ddp, optimizer_class(model.parameters(), **optimizer_kwargs))
+        return Trainer(method, ddp, replicated_optimizer(model))
     if method == "bucketed_ddp":
         ddp = BucketedDDP(model, algorithm=algorithm, bucket_cap_mb=bucket_cap_mb)
-        return Trainer(method, ddp, optimizer_class(model.parameters(), **optimizer_kwargs))
+        return Trainer(method, ddp, replicated_optimizer(model))
     if method in ("zero1", "zero2"):
         zero = ZeroOptimizer(
             model,
@@ -83,15 +96,19 @@ def build(
 
 
 def mse_loss(model: nn.Module, batch) -> torch.Tensor:
-    """Mean squared error of ``model(x)`` against ``y`` for a batch ``(x, y)``."""
+    """Mean squared error of ``model(x)`` against ``y`` for a batch ``(x, y)``.
+
+    ``x`` is cast to the model's dtype; the loss is computed in fp32.
+    """
     x, y = batch
-    return F.mse_loss(model(x), y)
+    dtype = next(model.parameters()).dtype
+    return F.mse_loss(model(x.to(dtype)).float(), y.float())
 
 
 def lm_loss(model: nn.Module, batch) -> torch.Tensor:
     """Mean next-token cross-entropy for a batch ``(tokens, targets)``."""
     tokens, targets = batch
-    logits = model(tokens)
+    logits = model(tokens).float()
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 

@@ -30,7 +30,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .buckets import DEFAULT_BUCKET_CAP_MB, ReadyInOrder, assign_buckets, trainable_parameters
+from .buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    ReadyInOrder,
+    assign_buckets,
+    bucket_cap_bytes,
+    trainable_parameters,
+)
 from .comm import Collectives, broadcast_module_state
 from .flat import FlatGroup
 from .memory import optimizer_state_tensors
@@ -58,7 +64,7 @@ class ZeroOptimizer:
         self.comm = Collectives(algorithm, group)
         broadcast_module_state(model, self.comm)
         rank, k = self.comm.rank, self.comm.world_size
-        buckets = assign_buckets(trainable_parameters(model)[::-1], bucket_cap_mb * 1e6)
+        buckets = assign_buckets(trainable_parameters(model)[::-1], bucket_cap_bytes(bucket_cap_mb))
         self.flat_groups = [FlatGroup(b, rank, k) for b in buckets]
         self.flat_params, self.masters = [], []
         for g in self.flat_groups:
