@@ -6,7 +6,8 @@ m, v and step. Three launches share the work:
 
 * 4 ranks train ZeRO-1 and FSDP, save sharded checkpoints, and report the
   whole state they saved;
-* 2 ranks train DDP, ZeRO-2 and FSDP for 2 steps, save full and sharded
+* 2 ranks train DDP (fp32, and fp16 with fp32 masters and a dynamic loss
+  scale), ZeRO-2 and FSDP for 2 steps, save full and sharded
   checkpoints, and train 2 more steps (the uninterrupted run);
 * 2 fresh-state ranks (another model seed, another RNG seed) load each
   checkpoint and train the same 2 steps; they also read the 4-rank
@@ -22,7 +23,12 @@ import torch
 import distlab
 
 FIRST, SECOND = 2, 2  # steps before and after the checkpoint
-METHODS = {"ddp": ("bucketed_ddp", {}), "zero2": ("zero2", {}), "fsdp": ("fsdp", {"wrap": "layer"})}
+METHODS = {
+    "ddp": ("bucketed_ddp", {}),
+    "ddp_fp16": ("bucketed_ddp", {"fp16": True}),  # fp32 masters and a dynamic loss scale
+    "zero2": ("zero2", {}),
+    "fsdp": ("fsdp", {"wrap": "layer"}),
+}
 RESHARD = {"zero1": ("zero1", {}), "fsdp": ("fsdp", {"wrap": "layer"})}
 
 
@@ -30,10 +36,15 @@ def _setup(method, options, model_seed):
     import torch
 
     from distlab.models import GPT, GPTConfig
+    from distlab.parallel import DynamicLossScaler
     from distlab.parallel import training as T
 
     torch.set_num_threads(1)
     model = GPT(GPTConfig(layers=1, dropout=0.1), seed=model_seed)
+    options = dict(options)
+    if options.pop("fp16", False):  # a scale that doubles every step: its state matters
+        model = model.half()
+        options["loss_scaler"] = DynamicLossScaler(2.0**10, growth_interval=1)
     return T.build(method, model, algorithm="builtin", lr=1e-2, **options)
 
 
@@ -49,7 +60,12 @@ def _state(trainer):
     from distlab.parallel.checkpoint import full_state
 
     state = full_state(trainer.model, trainer.optimizer)
-    return {"params": state["params"], "optimizer": state["optimizer"]}
+    out = {"params": state["params"], "optimizer": state["optimizer"]}
+    scaler = getattr(trainer.optimizer, "loss_scaler", None)
+    if scaler is not None:
+        out["loss_scaler"] = (scaler.scale, scaler.good_steps, scaler.skipped_steps)
+        out["model"] = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
+    return out
 
 
 def _save_at_four(rank, world_size, directory):
@@ -81,7 +97,8 @@ def _train_and_save(rank, world_size, directory):
         save_sharded(f"{directory}/{name}-sharded", trainer.model, trainer.optimizer)
         out[name + "@save"] = _state(trainer)
         _steps(trainer, FIRST, SECOND)
-        out[name] = _state(trainer)["params"]
+        after = _state(trainer)
+        out[name] = {k: after[k] for k in ("params", "loss_scaler") if k in after}
     return out
 
 
@@ -100,7 +117,8 @@ def _resume(rank, world_size, directory):
             trainer = _setup(method, options, model_seed=7)
             load(path, trainer.model, trainer.optimizer)
             _steps(trainer, FIRST, SECOND)
-            out[(name, kind)] = _state(trainer)["params"]
+            after = _state(trainer)
+            out[(name, kind)] = {k: after[k] for k in ("params", "loss_scaler") if k in after}
     for name, (method, options) in RESHARD.items():
         torch.manual_seed(10 + rank)
         trainer = _setup(method, options, model_seed=7)
@@ -149,7 +167,23 @@ def test_resuming_without_the_rng_state_differs(runs):
     """The check above has teeth: with dropout, the steps depend on the RNG state."""
     _, saved, resumed = runs
     without = resumed[0]["ddp without rng"]
-    assert any(not torch.allclose(without[k], saved[0]["ddp"][k], atol=1e-6) for k in without)
+    expected = saved[0]["ddp"]["params"]
+    assert any(not torch.allclose(without[k], expected[k], atol=1e-6) for k in without)
+
+
+def test_a_mixed_precision_checkpoint_holds_the_fp32_masters_and_the_loss_scale(runs):
+    """The fp16 model is the rounding of its masters; saving the fp16 weights would
+    lose the low bits that the masters accumulate, and resumption would drift."""
+    _, saved, _ = runs
+    state = saved[0]["ddp_fp16@save"]
+    assert all(v.dtype == torch.float32 for v in state["params"].values())
+    assert any(not torch.equal(state["params"][n], w.float()) for n, w in state["model"].items())
+    for name, weight in state["model"].items():
+        assert weight.dtype == torch.float16
+        assert torch.equal(state["params"][name].half(), weight)
+    scale, good, skipped = state["loss_scaler"]  # doubles after each good step, halves on a skip
+    assert good == 0 and scale == 2.0**10 * 2.0 ** (FIRST - skipped) * 0.5**skipped
+    assert saved[0]["ddp_fp16"]["loss_scaler"] != state["loss_scaler"]  # it kept changing
 
 
 @pytest.mark.parametrize("name", list(RESHARD))

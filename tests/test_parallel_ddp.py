@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import distlab
-from distlab.parallel import accumulate_gradients, gradient_scale_error, shard_batch, shard_indices
+from distlab.parallel import (
+    ShardSampler,
+    accumulate_gradients,
+    gradient_scale_error,
+    shard_batch,
+    shard_indices,
+)
 from distlab.parallel.training import mse_loss
 
 matplotlib.use("Agg")
@@ -55,6 +61,11 @@ def test_the_split_is_torch_distributed_sampler(shuffle, drop_last):
                     n, rank, k, shuffle=shuffle, seed=5, epoch=3, drop_last=drop_last
                 )
                 assert ours == list(sampler), (n, k, rank)
+                loader_sampler = ShardSampler(
+                    n, rank, k, shuffle=shuffle, seed=5, drop_last=drop_last
+                )
+                loader_sampler.set_epoch(3)
+                assert list(loader_sampler) == ours and len(loader_sampler) == len(sampler)
 
 
 def test_bad_split_arguments_are_named():

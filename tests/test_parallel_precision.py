@@ -203,3 +203,28 @@ def test_a_fp32_model_is_refused_and_cuda_is_only_used_when_present():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             autocast("cuda")
+
+
+def test_train_step_multiplies_the_loss_by_the_scalers_scale():
+    """training.train_step with a loss-scaled optimizer does what the hand-written loop does."""
+    from distlab.parallel import training as T
+
+    batches = [mlp_batch(16, seed=s) for s in range(4)]
+    trainer = T.build(
+        "single",
+        MLP(seed=0).half(),
+        loss_scaler=DynamicLossScaler(2.0**8, growth_interval=2),
+        lr=1e-2,
+    )
+    for batch in batches:
+        T.train_step(trainer, batch, T.mse_loss)
+    model = MLP(seed=0).half()
+    scaler = DynamicLossScaler(2.0**8, growth_interval=2)
+    opt = MixedPrecisionOptimizer(model, loss_scaler=scaler, lr=1e-2)
+    for batch in batches:
+        opt.zero_grad()
+        opt.scale_loss(T.mse_loss(model, batch)).backward()
+        opt.step()
+    assert trainer.optimizer.loss_scaler.scale == scaler.scale == 2.0**10
+    for p, q in zip(trainer.model.parameters(), model.parameters()):
+        assert torch.equal(p, q)

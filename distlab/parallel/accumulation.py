@@ -30,13 +30,15 @@ def accumulate_gradients(
     micro_batches: Sequence,
     *,
     scale_loss: bool = True,
+    loss_multiplier: float = 1.0,
 ) -> float:
     """Backward over ``micro_batches``, communicating only on the last one.
 
     ``loss_fn(model, micro_batch)`` returns the mean loss of one micro-batch.
     ``model`` may be a DDP wrapper (its ``no_sync()`` is used) or a plain
     module. Returns the mean loss over the micro-batches; ``.grad`` then holds
-    the full-batch gradient (``scale_loss=False`` is the classic bug).
+    the full-batch gradient (``scale_loss=False`` is the classic bug) times
+    ``loss_multiplier`` (an fp16 loss scale, which the optimizer divides out).
     """
     k = len(micro_batches)
     if k == 0:
@@ -48,7 +50,8 @@ def accumulate_gradients(
         context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
         with context:
             loss = loss_fn(model, batch)
-            (loss / k if scale_loss else loss).backward()
+            scaled = loss / k if scale_loss else loss
+            (scaled * loss_multiplier if loss_multiplier != 1.0 else scaled).backward()
         total += float(loss.detach())
     return total / k
 

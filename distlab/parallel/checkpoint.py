@@ -18,8 +18,9 @@ order). Hyperparameters come from the optimizer the caller builds again.
   written once. RNG states are per rank and restored only at the same
   world size.
 
-Supported pairs: a plain module or DDP wrapper with a torch optimizer;
-any model with a :class:`~distlab.parallel.zero.ZeroOptimizer`; an
+Supported pairs: a plain module or DDP wrapper with a torch optimizer or a
+:class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer` (its fp32
+masters are saved as the weights, with its loss scale); any model with a :class:`~distlab.parallel.zero.ZeroOptimizer`; an
 :class:`~distlab.parallel.fsdp.FSDP` model with a torch optimizer over
 ``fsdp.parameters()``. Every function is collective: call it on all ranks.
 
@@ -40,6 +41,7 @@ from torch import nn
 from .comm import world
 from .flat import named_parameter_index
 from .fsdp import FSDP
+from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer
 from .zero import ZeroOptimizer
 
 # ------------------------------------------------------------ the pieces ----
@@ -49,6 +51,8 @@ def _sharded_owner(model, optimizer):
     """(owner of the flat groups, inner torch optimizer) or (None, optimizer) if replicated."""
     if isinstance(optimizer, ZeroOptimizer):
         return optimizer, optimizer.optimizer
+    if isinstance(optimizer, MixedPrecisionOptimizer):
+        return None, optimizer.optimizer
     if isinstance(model, FSDP):
         optimized = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if any(id(m) not in optimized for m in model.masters):
@@ -56,9 +60,39 @@ def _sharded_owner(model, optimizer):
         return model, optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
-            f"need a torch optimizer or a ZeroOptimizer, got {type(optimizer).__name__}"
+            "need a torch optimizer, a MixedPrecisionOptimizer or a ZeroOptimizer, "
+            f"got {type(optimizer).__name__}"
         )
     return None, optimizer
+
+
+def _weights(optimizer) -> dict[int, torch.Tensor]:
+    """id(model parameter) -> the tensor holding its weights at master precision.
+
+    A :class:`MixedPrecisionOptimizer` keeps fp32 masters next to the 16-bit
+    model: they are what must be saved (the 16-bit weights are their rounding,
+    and resuming from those would lose the low bits). Otherwise: the parameter.
+    """
+    if isinstance(optimizer, MixedPrecisionOptimizer):
+        return {id(p): m for p, m in zip(optimizer.params, optimizer.masters)}
+    return {}
+
+
+def _scaler_state(optimizer) -> torch.Tensor | None:
+    """(scale, good steps, skipped steps) of a dynamic loss scaler, or None."""
+    scaler = getattr(optimizer, "loss_scaler", None)
+    if not isinstance(scaler, DynamicLossScaler):
+        return None
+    return torch.tensor(
+        [scaler.scale, scaler.good_steps, scaler.skipped_steps], dtype=torch.float64
+    )
+
+
+def _load_scaler_state(optimizer, state: torch.Tensor | None) -> None:
+    scaler = getattr(optimizer, "loss_scaler", None)
+    if isinstance(scaler, DynamicLossScaler) and state is not None:
+        scaler.scale = float(state[0])
+        scaler.good_steps, scaler.skipped_steps = int(state[1]), int(state[2])
 
 
 def _module(model) -> nn.Module:
@@ -109,12 +143,14 @@ def full_state(model, optimizer) -> dict:
     if owner is None:
         index = _index_of(inner)
         saved = inner.state_dict()["state"]
+        weights = _weights(optimizer)
         for p in module.parameters():
-            params[names[id(p)]] = p.detach().clone()
-            if id(p) in index and index[id(p)] in saved:
+            w = weights.get(id(p), p)
+            params[names[id(p)]] = w.detach().clone()
+            if id(w) in index and index[id(w)] in saved:
                 optim[names[id(p)]] = {
                     k: v.clone() if isinstance(v, torch.Tensor) else v
-                    for k, v in saved[index[id(p)]].items()
+                    for k, v in saved[index[id(w)]].items()
                 }
     else:
         for group, master in zip(owner.flat_groups, owner.masters):
@@ -143,6 +179,7 @@ def full_state(model, optimizer) -> dict:
         "hyperparameters": _hyperparameters(inner),
         "rng": rng,
         "world_size": world_size,
+        "loss_scaler": _scaler_state(optimizer),
     }
 
 
@@ -157,11 +194,15 @@ def load_full_state(state: dict, model, optimizer) -> None:
         loaded: dict[int, dict] = {}
         if owner is None:
             index = _index_of(inner)
+            weights = _weights(optimizer)
             for p in module.parameters():
                 name = names[id(p)]
-                p.copy_(state["params"][name])
-                if name in state["optimizer"] and id(p) in index:
-                    loaded[index[id(p)]] = state["optimizer"][name]
+                w = weights.get(id(p), p)
+                w.copy_(state["params"][name])
+                if w is not p:
+                    p.copy_(w)  # the 16-bit model is the rounding of its master
+                if name in state["optimizer"] and id(w) in index:
+                    loaded[index[id(w)]] = state["optimizer"][name]
         else:
             index = _index_of(inner)
             for group, master in zip(owner.flat_groups, owner.masters):
@@ -186,6 +227,7 @@ def load_full_state(state: dict, model, optimizer) -> None:
                 if entry:
                     loaded[index[id(master)]] = entry
     _load_optimizer_state(inner, loaded)
+    _load_scaler_state(optimizer, state.get("loss_scaler"))
     for group, hyper in zip(inner.param_groups, state["hyperparameters"]):
         group.update(hyper)
     if owner is not None:
@@ -258,9 +300,11 @@ def _sharded_layout(model, optimizer, mesh) -> dict:
     if owner is None:
         index = _index_of(inner)
         saved = inner.state_dict()["state"]
+        weights = _weights(optimizer)
         for p in module.parameters():
-            sd[f"param.{names[id(p)]}"] = p.data
-            for key, value in saved.get(index.get(id(p), -1), {}).items():
+            w = weights.get(id(p), p)
+            sd[f"param.{names[id(p)]}"] = w.data
+            for key, value in saved.get(index.get(id(w), -1), {}).items():
                 sd[f"optim.{names[id(p)]}.{key}"] = value
     else:
         for i, (group, master) in enumerate(zip(owner.flat_groups, owner.masters)):
@@ -280,6 +324,9 @@ def save_sharded(path: str | os.PathLike, model, optimizer) -> None:
     mesh = _mesh()
     sd = _sharded_layout(model, optimizer, mesh)
     sd["rng"] = _rng_entry(mesh, torch.get_rng_state().to(mesh.device_type))
+    scaler = _scaler_state(optimizer)
+    if scaler is not None:
+        sd["loss_scaler"] = scaler
     dcp.save(sd, checkpoint_id=os.fspath(path))
 
 
@@ -303,14 +350,16 @@ def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
         shape = (like_numel,) if like_numel is not None else tuple(meta.size)
         return torch.zeros(shape, dtype=meta.properties.dtype, device=device)
 
+    weights = _weights(optimizer)
     if owner is None:
         for p in module.parameters():
             name = names[id(p)]
-            sd[f"param.{name}"] = p.data
+            w = weights.get(id(p), p)
+            sd[f"param.{name}"] = w.data
             for key in stored:
                 if key.startswith(f"optim.{name}."):
                     value = fresh(key, p.device if stored[key].size else "cpu")
-                    states.setdefault(index[id(p)], {})[key.rsplit(".", 1)[1]] = value
+                    states.setdefault(index[id(w)], {})[key.rsplit(".", 1)[1]] = value
                     sd[key] = value
     else:
         for i, (group, master) in enumerate(zip(owner.flat_groups, owner.masters)):
@@ -333,9 +382,17 @@ def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
     if "rng" in stored and stored["rng"].size[0] == world_size:
         rng = torch.get_rng_state().to(mesh.device_type, copy=True)
         sd["rng"] = _rng_entry(mesh, rng)
+    scaler = _scaler_state(optimizer)
+    if scaler is not None and "loss_scaler" in stored:
+        sd["loss_scaler"] = scaler
     with torch.no_grad():
         dcp.load(sd, checkpoint_id=path)
+        for p in module.parameters():
+            w = weights.get(id(p), p)
+            if w is not p:
+                p.copy_(w)  # the 16-bit model is the rounding of its master
     _load_optimizer_state(inner, states)
+    _load_scaler_state(optimizer, scaler)
     if owner is not None:
         owner.after_load()
     if rng is not None:

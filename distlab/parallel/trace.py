@@ -9,7 +9,9 @@ finished: time that costs nothing extra, because the rank is computing anyway
 (Li et al. 2020, Section 3.2.3 and Figure 6, and Section 5's measurements).
 
 All times are :func:`time.perf_counter` seconds; :meth:`StepTrace.relative`
-shifts them so the step starts at 0.
+shifts them so the step starts at 0. They are host times: on CPU they are when
+the work ran; on a GPU (asynchronous kernels) they would only say when it was
+queued, and a faithful GPU trace needs CUDA events or the PyTorch profiler.
 """
 
 from __future__ import annotations

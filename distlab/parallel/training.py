@@ -123,7 +123,9 @@ def train_step(
 
     ``"single"`` trains on the whole batch; every other method takes its
     :func:`~distlab.parallel.data.shard_batch` part. ``micro_batches > 1``
-    accumulates gradients (loss divided by their number).
+    accumulates gradients (loss divided by their number). An optimizer with a
+    loss scale (a :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
+    with a ``loss_scaler``) gets its loss multiplied by that scale.
     """
     rank, world_size = world()
     local = (
@@ -135,6 +137,7 @@ def train_step(
         )
     pieces = list(zip(*(t.chunk(micro_batches) for t in local)))
     trainer.optimizer.zero_grad()
-    loss = accumulate_gradients(trainer.model, loss_fn, pieces)
+    multiplier = getattr(trainer.optimizer, "scale", 1.0)
+    loss = accumulate_gradients(trainer.model, loss_fn, pieces, loss_multiplier=multiplier)
     trainer.optimizer.step()
     return loss
