@@ -22,6 +22,13 @@ def test_notebook_cell_example_runs():
     assert namespace["distlab"].run(namespace["hello"], world_size=4) == [6.0] * 4
 
 
+def test_data_parallel_example_prints_what_the_readme_says(capsys):
+    block = next(b for b in code_blocks("python") if "training.build(" in b)
+    exec(compile(block, "README data-parallel example", "exec"), {"__name__": "__main__"})
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed == block.rsplit("# ", 1)[1].strip()
+
+
 def test_train_py_runs_under_torchrun(tmp_path):
     script = next(b for b in code_blocks("python") if b.startswith("# train.py"))
     (tmp_path / "train.py").write_text(script)
