@@ -110,7 +110,7 @@ NVLINK5 = NVLinkGeneration(
     "B200 / GB200",
     links=18,
     link_bandwidth=50 * GB,
-    source="NVIDIA Blackwell Architecture Technical Brief (2024), fifth-generation NVLink: "
+    source="NVIDIA NVLink and NVLink Switch product page (2024), fifth-generation NVLink: "
     "18 links of 100 GB/s, 1.8 TB/s total",
 )
 NVLINK = (NVLINK3, NVLINK4, NVLINK5)
