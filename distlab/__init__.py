@@ -21,7 +21,20 @@ __version__ = "0.1.0"
 _LAUNCH_NAMES = {"run", "init", "shutdown", "RankError", "LaunchTimeoutError"}
 _SUBMODULES = {"calc", "sim", "collectives", "parallel", "placement", "viz", "launch"}
 
-__all__ = sorted(_LAUNCH_NAMES | _SUBMODULES)
+__all__ = [
+    "LaunchTimeoutError",
+    "RankError",
+    "calc",
+    "collectives",
+    "init",
+    "launch",
+    "parallel",
+    "placement",
+    "run",
+    "shutdown",
+    "sim",
+    "viz",
+]
 
 
 def __getattr__(name: str):

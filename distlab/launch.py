@@ -20,6 +20,13 @@ Workers stay warm between runs (torch already imported), so the second
 launch in a notebook costs a fraction of a second; ``warm=False`` starts
 fresh processes and ``shutdown()`` stops the pool.
 
+Two details make it behave on a laptop. Each rank gets an equal share of the
+CPU cores for torch's intra-op threads (``torch.set_num_threads``; four
+ranks each using every core would fight over them; ``fn`` may call it again).
+Workers run in their own session, so Ctrl+C (SIGINT, also what "interrupt
+kernel" sends) reaches only the parent: it stops every worker of the job and
+raises ``KeyboardInterrupt`` in the cell. A worker whose parent dies exits.
+
 Under ``torchrun`` the same worker code runs unchanged: call :func:`init`
 at the top of the script and then ``fn(rank, world_size)``.
 """
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -107,6 +115,7 @@ def _watch_parent(parent_pid: int) -> None:
 def _worker_main(conn: Connection, parent_pid: int) -> None:
     """Loop: receive a job, run it, send the result. Runs in the spawned process."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C for the job
     import torch.distributed as dist  # the expensive import, paid once per worker
 
     lock = threading.Lock()
@@ -152,6 +161,9 @@ def _run_job(dist, job: dict):
         LOCAL_WORLD_SIZE=str(world_size),
     )
     os.chdir(job["cwd"])  # relative paths mean the same as in the caller
+    import torch
+
+    torch.set_num_threads(job["threads"])
     sys.path[:] = job["sys_path"]  # so functions pickled by reference (from a module) resolve
     fn, args = cloudpickle.loads(job["payload"])
     timeout = timedelta(seconds=job["timeout"])
@@ -159,8 +171,6 @@ def _run_job(dist, job: dict):
     store = dist.PrefixStore(job["prefix"], store)
     kwargs = {}
     if job["backend"] == "nccl":
-        import torch
-
         torch.cuda.set_device(rank)
         kwargs["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(
@@ -204,6 +214,7 @@ def _start_worker() -> _Worker:
         [sys.executable, "-c", code, str(child_sock.fileno()), str(os.getpid())],
         pass_fds=(child_sock.fileno(),),
         stdin=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl+C in a terminal or notebook goes to the parent only
     )
     child_sock.close()
     return _Worker(process, Connection(parent_sock.detach()))
@@ -224,20 +235,22 @@ def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
                 else:
                     worker.kill()
         fresh = [_start_worker() for _ in range(n - len(workers))]
-    for worker in fresh:  # wait until each new worker has imported torch
-        remaining = deadline - time.monotonic()
-        if not worker.conn.poll(max(remaining, 0)):
-            for w in workers + fresh:
-                w.kill()
-            raise LaunchTimeoutError("worker processes did not start before the timeout")
-        try:
-            worker.conn.recv()
-        except EOFError:
-            for w in workers + fresh:
-                w.kill()
-            raise RuntimeError(
-                f"a worker process died while starting (is distlab importable by {sys.executable}?)"
-            ) from None
+    try:
+        for worker in fresh:  # wait until each new worker has imported torch
+            remaining = deadline - time.monotonic()
+            if not worker.conn.poll(max(remaining, 0)):
+                raise LaunchTimeoutError("worker processes did not start before the timeout")
+            try:
+                worker.conn.recv()
+            except EOFError:
+                raise RuntimeError(
+                    "a worker process died while starting "
+                    f"(is distlab importable by {sys.executable}?)"
+                ) from None
+    except BaseException:  # including Ctrl+C while the workers start
+        for w in workers + fresh:
+            w.kill()
+        raise
     return workers + fresh
 
 
@@ -263,6 +276,12 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+def threads_per_rank(world_size: int) -> int:
+    """torch threads for each of ``world_size`` ranks: the usable cores shared out, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // world_size)
 
 
 def _check_arguments(fn, world_size: int, backend: str, timeout: float) -> None:
@@ -325,18 +344,19 @@ def run(
     try:
         for rank, worker in enumerate(workers):
             worker.conn.send(
-                dict(
-                    rank=rank,
-                    world_size=world_size,
-                    backend=backend,
-                    host="127.0.0.1",
-                    port=store.port,
-                    prefix=prefix,
-                    payload=payload,
-                    timeout=timeout,
-                    cwd=os.getcwd(),
-                    sys_path=list(sys.path),
-                )
+                {
+                    "rank": rank,
+                    "world_size": world_size,
+                    "backend": backend,
+                    "host": "127.0.0.1",
+                    "port": store.port,
+                    "prefix": prefix,
+                    "payload": payload,
+                    "timeout": timeout,
+                    "cwd": os.getcwd(),
+                    "sys_path": list(sys.path),
+                    "threads": threads_per_rank(world_size),
+                }
             )
         results = _collect(workers, deadline, timeout, show_output)
     except BaseException:
@@ -451,7 +471,7 @@ def init(backend: str | None = None, timeout: float = 1800.0) -> tuple[int, int]
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     kwargs = {}
     if backend == "nccl":
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         kwargs["device_id"] = torch.device("cuda", local_rank)
     if not dist.is_initialized():

@@ -44,7 +44,7 @@ def test_cold_and_warm_launches_agree():
 
 def test_a_function_defined_at_runtime_is_shipped_by_value():
     namespace = {}
-    exec(
+    exec(  # noqa: S102 - running the README's / a cell's code is the point
         textwrap.dedent(
             """
             def cell_function(rank, world_size):
@@ -60,7 +60,6 @@ def test_a_function_defined_at_runtime_is_shipped_by_value():
 def _prints(rank, world_size):
     print(f"hello from {rank}")
     print("two", "parts", flush=True)
-    return None
 
 
 def test_output_is_labelled_by_rank(capfd):
@@ -151,9 +150,9 @@ def test_each_launch_gets_its_own_free_port():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(world_size=0), "world_size must be a positive integer"),
-        (dict(world_size=2, backend="mpi"), "backend must be 'gloo'"),
-        (dict(world_size=2, timeout=0), "timeout must be > 0"),
+        ({"world_size": 0}, "world_size must be a positive integer"),
+        ({"world_size": 2, "backend": "mpi"}, "backend must be 'gloo'"),
+        ({"world_size": 2, "timeout": 0}, "timeout must be > 0"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -211,6 +210,7 @@ def test_the_same_worker_code_runs_under_torchrun(tmp_path):
             str(script),
         ],
         capture_output=True,
+        check=False,
         text=True,
         timeout=180,
     )
@@ -219,3 +219,62 @@ def test_the_same_worker_code_runs_under_torchrun(tmp_path):
         re.findall(r"RESULT (\d) (\d) ([\d.]+)", result.stdout)
     )  # ranks' lines may interleave
     assert found == [(str(r), "3", "3.0") for r in range(3)]
+
+
+def _threads(rank, world_size):
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_each_rank_gets_its_share_of_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    for n in (1, 2, 4):
+        assert distlab.run(_threads, n) == [max(1, cores // n)] * n
+
+
+INTERRUPTED_SCRIPT = """
+import os, signal, sys, threading, time, psutil, distlab
+
+def sleeper(rank, world_size):
+    time.sleep(600)
+
+def interrupt_soon():  # what Ctrl+C or Jupyter's "interrupt kernel" does: SIGINT to the group
+    time.sleep(1.0)
+    os.killpg(os.getpgid(0), signal.SIGINT)
+
+if sys.argv[1] == "warm":
+    distlab.run(lambda rank, world_size: rank, 2)  # the pool is warm: interrupted mid-job
+threading.Thread(target=interrupt_soon, daemon=True).start()
+try:
+    distlab.run(sleeper, 2, timeout=120)  # cold: interrupted while workers import torch
+except KeyboardInterrupt:
+    print("interrupted; children left:", len(psutil.Process().children()))
+"""
+
+
+@pytest.mark.parametrize("pool", ["cold", "warm"])
+def test_ctrl_c_stops_the_job_and_its_workers(tmp_path, pool):
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), pool],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # its own process group, so the SIGINT stays inside it
+    )
+    assert "interrupted; children left: 0" in result.stdout, result.stderr[-2000:]
+    assert "KeyboardInterrupt" not in result.stderr, "a worker printed a KeyboardInterrupt"
+
+
+def test_an_idle_worker_survives_sigint():
+    distlab.run(_threads, 2)
+    idle = _idle_pids()
+    assert idle
+    for pid in idle:
+        os.kill(pid, 2)  # SIGINT
+    time.sleep(0.5)
+    assert all(psutil.pid_exists(pid) for pid in idle)
+    assert distlab.run(_threads, 2) == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2

@@ -60,14 +60,34 @@ ALL_REDUCE = {
 }
 
 __all__ = [
-    "SCHEDULES",
     "ALL_REDUCE",
+    "SCHEDULES",
     "Schedule",
     "Transfer",
+    "all_to_all",
+    "all_to_all_schedule",
     "chunk_bounds",
     "count_traffic",
-    *sorted(n for n in SCHEDULES),
-    *sorted(f"{n}_schedule" for n in SCHEDULES),
+    "double_binary_tree_all_reduce",
+    "double_binary_tree_all_reduce_schedule",
+    "halving_doubling_all_reduce",
+    "halving_doubling_all_reduce_schedule",
+    "hierarchical_all_reduce",
+    "hierarchical_all_reduce_schedule",
+    "naive_all_reduce",
+    "naive_all_reduce_schedule",
+    "ring_all_gather",
+    "ring_all_gather_schedule",
+    "ring_all_reduce",
+    "ring_all_reduce_schedule",
+    "ring_reduce_scatter",
+    "ring_reduce_scatter_schedule",
+    "tree_all_reduce",
+    "tree_all_reduce_schedule",
+    "tree_broadcast",
+    "tree_broadcast_schedule",
+    "tree_reduce",
+    "tree_reduce_schedule",
 ]
 
 

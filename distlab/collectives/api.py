@@ -190,7 +190,7 @@ def all_to_all(
     group,
 ) -> None:
     """``outputs[j]`` on rank ``r`` receives ``inputs[r]`` of rank ``j``."""
-    rank, n = group_info(group)
+    _, n = group_info(group)
     outputs, inputs = list(outputs), list(inputs)
     problem, op_code = local_problem([*inputs, *outputs], None, reduces=False)
     if len(inputs) != n or len(outputs) != n:

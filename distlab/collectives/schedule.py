@@ -27,6 +27,7 @@ Example: ring all-reduce on 3 ranks is 2 * (3 - 1) = 4 steps::
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ def validate(schedule: Schedule) -> None:
 
 
 def _is_run(chunks: tuple[int, ...]) -> bool:
-    return all(b == a + 1 for a, b in zip(chunks, chunks[1:]))
+    return all(b == a + 1 for a, b in itertools.pairwise(chunks))
 
 
 def merge_parallel(*step_lists: Sequence[Step]) -> tuple[Step, ...]:
