@@ -228,3 +228,25 @@ def test_train_step_multiplies_the_loss_by_the_scalers_scale():
     assert trainer.optimizer.loss_scaler.scale == scaler.scale == 2.0**10
     for p, q in zip(trainer.model.parameters(), model.parameters()):
         assert torch.equal(p, q)
+
+
+def test_any_object_with_scale_and_update_is_a_loss_scaler():
+    """A student's own scaler plugs in: it gets the same trajectory as DynamicLossScaler."""
+
+    class HalvingScaler:  # written from scratch, no distlab base class
+        def __init__(self):
+            self.scale, self.good = 2.0**16, 0
+
+        def update(self, found_inf):
+            if found_inf:
+                self.scale, self.good = self.scale / 2, 0
+            else:
+                self.good += 1
+                if self.good == 2000:
+                    self.scale, self.good = self.scale * 2, 0
+
+    mine = _train_low(torch.float16, scaler=HalvingScaler(), steps=10)
+    library = _train_low(torch.float16, scaler=DynamicLossScaler(), steps=10)
+    assert mine[2:] == library[2:]  # the same losses and skipped steps
+    with pytest.raises(TypeError, match="update\\(found_inf\\)"):
+        MixedPrecisionOptimizer(MLP(seed=0).half(), loss_scaler="dynamic")

@@ -93,12 +93,19 @@ class DynamicLossScaler:
                 self.good_steps = 0
 
 
+def _is_dynamic_scaler(obj) -> bool:
+    """A loss scaler is anything with a ``scale`` and an ``update(found_inf)``."""
+    return hasattr(obj, "scale") and callable(getattr(obj, "update", None))
+
+
 class MixedPrecisionOptimizer:
     """A 16-bit model trained through fp32 master weights.
 
     ``loss_scaler``: ``None`` (no scaling: right for bf16), a
-    :class:`DynamicLossScaler`, or a number for a fixed scale with no
-    overflow check (to see what goes wrong without the dynamic one). Call
+    :class:`DynamicLossScaler` (or any object with a ``scale`` attribute and
+    an ``update(found_inf)`` method, e.g. one a student wrote), or a number
+    for a fixed scale with no overflow check (to see what goes wrong without
+    the dynamic one). Call
     ``opt.scale_loss(loss).backward()``; ``step()`` returns False when it
     skipped the update because a gradient overflowed.
     """
@@ -118,9 +125,14 @@ class MixedPrecisionOptimizer:
                 f"MixedPrecisionOptimizer expects a bf16/fp16 model (cast it first with "
                 f"model.to(torch.bfloat16)); its parameters are {sorted(map(str, dtypes))}"
             )
-        if loss_scaler is not None and not isinstance(loss_scaler, (DynamicLossScaler, int, float)):
+        if not (
+            loss_scaler is None
+            or isinstance(loss_scaler, (int, float))
+            or _is_dynamic_scaler(loss_scaler)
+        ):
             raise TypeError(
-                f"loss_scaler must be None, a number or a DynamicLossScaler, got {loss_scaler!r}"
+                "loss_scaler must be None, a number, or a scaler with a `scale` attribute and "
+                f"an `update(found_inf)` method like DynamicLossScaler; got {loss_scaler!r}"
             )
         self.loss_scaler = loss_scaler
         self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
@@ -128,8 +140,8 @@ class MixedPrecisionOptimizer:
 
     @property
     def scale(self) -> float:
-        if isinstance(self.loss_scaler, DynamicLossScaler):
-            return self.loss_scaler.scale
+        if _is_dynamic_scaler(self.loss_scaler):
+            return float(self.loss_scaler.scale)
         return 1.0 if self.loss_scaler is None else float(self.loss_scaler)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -141,7 +153,7 @@ class MixedPrecisionOptimizer:
         """Unscale the gradients into the fp32 masters, update, round back into the model."""
         grads = [p.grad for p in self.params]
         scale = self.scale  # the scale this backward used
-        if isinstance(self.loss_scaler, DynamicLossScaler):
+        if _is_dynamic_scaler(self.loss_scaler):
             found_inf = not grads_are_finite(grads)
             self.loss_scaler.update(found_inf)
             if found_inf:
