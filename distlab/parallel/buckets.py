@@ -1,11 +1,13 @@
 """Gradient buckets, and knowing during backward when a bucket's gradients are ready.
 
 **Buckets** (Li et al. 2020, "PyTorch Distributed: Experiences on
-Accelerating Data Parallel Training", VLDB, Section 3.2.3). All-reducing
+Accelerating Data Parallel Training", VLDB, Section 3.2.2 on bucketing and
+3.2.3 on overlapping it with backward). All-reducing
 each parameter's gradient on its own pays a collective's latency once per
 tensor; all-reducing everything after backward cannot overlap with it.
 DDP's answer is to cut the parameters into buckets of about ``bucket_cap_mb``
-(default 25; PyTorch's "MB" is MiB, 2^20 bytes) in *reverse* order of ``model.parameters()``, because
+(default 25; PyTorch's "MB" is MiB, 2^20 bytes) in *reverse* order of
+``model.parameters()``, because
 backward produces gradients roughly from the last layer to the first, and to
 all-reduce a bucket as soon as all its gradients exist.
 
