@@ -153,6 +153,27 @@ def _ddp_worker(rank, world_size):
         cls(model)
         out[cls.__name__ + " state"] = {k: v.clone() for k, v in model.state_dict().items()}
 
+    # 1b. Every training forward broadcasts rank 0's buffers (BatchNorm running stats);
+    # not under no_grad (rank 0 may evaluate alone), not inside no_sync, not when turned off.
+    data = torch.randn(6, 16, generator=torch.Generator().manual_seed(rank)) + 3 * rank
+    for cls in (NaiveDDP, BucketedDDP):
+        for broadcast in (True, False):
+            model = nn.Sequential(MLP(seed=0), nn.BatchNorm1d(8))
+            seen = []
+            model[1].register_forward_pre_hook(
+                lambda m, a, seen=seen: seen.append(m.running_mean.clone())
+            )
+            ddp = cls(model, broadcast_buffers=broadcast)
+            for _ in range(3):
+                ddp(data).sum().backward()
+            calls = ddp.comm.calls["broadcast"]
+            with torch.no_grad():
+                ddp(data)
+            with ddp.no_sync():
+                ddp(data).sum().backward()
+            quiet = ddp.comm.calls["broadcast"] - calls
+            out[f"{cls.__name__} buffers broadcast={broadcast}"] = (seen[2], quiet)
+
     # 2. no_sync: three micro-batches, one all-reduce per bucket, full-batch gradients.
     x, y = mlp_batch(24, seed=5)
     reference = MLP(seed=0)
@@ -192,6 +213,15 @@ def test_construction_broadcasts_rank0_parameters_and_buffers(ddp_results):
         for key in rank0:
             assert torch.equal(rank0[key], rank1[key]), (name, key)
         assert float(rank1["1.running_mean"][0]) == 0.0
+
+
+def test_each_training_forward_uses_rank0s_buffers(ddp_results):
+    for name in ("NaiveDDP", "BucketedDDP"):
+        (on0, quiet0), (on1, quiet1) = (r[f"{name} buffers broadcast=True"] for r in ddp_results)
+        assert torch.equal(on0, on1), f"{name}: ranks normalised with different running means"
+        assert quiet0 == quiet1 == 0, f"{name}: broadcast under no_grad or inside no_sync"
+        off0, off1 = (r[f"{name} buffers broadcast=False"][0] for r in ddp_results)
+        assert (off0 - off1).abs().max() > 0.01, f"{name}: broadcast_buffers=False still syncs"
 
 
 def test_no_sync_communicates_once_and_accumulates_the_full_batch_gradient(ddp_results):

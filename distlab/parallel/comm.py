@@ -132,6 +132,14 @@ def broadcast_module_state(module: torch.nn.Module, comm: Collectives, src: int 
                 comm.broadcast_(tensor.data, src)
 
 
+def broadcast_module_buffers(module: torch.nn.Module, comm: Collectives, src: int = 0) -> None:
+    """Overwrite every rank's buffers with rank ``src``'s (DDP does it before each forward)."""
+    with torch.no_grad():
+        for buffer in module.buffers():
+            if buffer.numel():
+                comm.broadcast_(buffer.data, src)
+
+
 class CommThread:
     """One background thread that runs collectives in the order they are submitted.
 

@@ -23,6 +23,14 @@ replicas start equal), average with "sum, then divide by K", and offer
 ``no_sync()`` for gradient accumulation: inside it, backward only accumulates
 locally and the next backward outside it communicates the sum.
 
+Buffers (BatchNorm's running statistics, masks) have no gradient, so nothing
+keeps them equal: each rank would update them from its own samples. Like
+PyTorch's DDP (``broadcast_buffers=True``), both wrappers broadcast rank 0's
+buffers at the start of every training forward (not under ``torch.no_grad()``,
+so rank 0 may evaluate alone, and not inside ``no_sync()``, again like
+PyTorch); ``broadcast_buffers=False`` lets the ranks drift (or use :class:`~distlab.parallel.sync_batchnorm.SyncBatchNorm`,
+whose statistics come from every rank's batch).
+
 Communication thread: distlab's collectives are blocking calls built from
 isend/irecv, so :class:`BucketedDDP` hands each ready bucket to a
 :class:`~distlab.parallel.comm.CommThread` (one per rank, first in first out)
@@ -47,7 +55,7 @@ from .buckets import (
     bucket_cap_bytes,
     trainable_parameters,
 )
-from .comm import Collectives, CommThread, broadcast_module_state
+from .comm import Collectives, CommThread, broadcast_module_buffers, broadcast_module_state
 from .trace import TraceRecorder
 
 
@@ -58,15 +66,25 @@ class NaiveDDP(nn.Module):
     in a callback at the end of backward).
     """
 
-    def __init__(self, module: nn.Module, *, algorithm: str = "ring", group=None):
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        algorithm: str = "ring",
+        group=None,
+        broadcast_buffers: bool = True,
+    ):
         super().__init__()
         self.module = module
         self.comm = Collectives(algorithm, group)
+        self.broadcast_buffers = broadcast_buffers
         broadcast_module_state(module, self.comm)
         self.params = trainable_parameters(module)
         self._tracker = ReadyInOrder([self.params], lambda i: None, self.sync_gradients)
 
     def forward(self, *args, **kwargs):
+        if self.broadcast_buffers and torch.is_grad_enabled() and self._tracker.enabled:
+            broadcast_module_buffers(self.module, self.comm)
         return self.module(*args, **kwargs)
 
     def model_state_tensors(self) -> dict[str, list]:
@@ -147,10 +165,12 @@ class BucketedDDP(nn.Module):
         algorithm: str = "ring",
         group=None,
         overlap: bool = True,
+        broadcast_buffers: bool = True,
     ):
         super().__init__()
         self.module = module
         self.comm = Collectives(algorithm, group)
+        self.broadcast_buffers = broadcast_buffers
         broadcast_module_state(module, self.comm)
         self.overlap = overlap
         params = trainable_parameters(module)
@@ -168,6 +188,8 @@ class BucketedDDP(nn.Module):
         self._futures: list[Future] = []
 
     def forward(self, *args, **kwargs):
+        if self.broadcast_buffers and torch.is_grad_enabled() and self._tracker.enabled:
+            broadcast_module_buffers(self.module, self.comm)
         self.trace.forward_start()
         out = self.module(*args, **kwargs)
         self.trace.forward_end()
