@@ -25,7 +25,8 @@ locally and the next backward outside it communicates the sum.
 
 Buffers (BatchNorm's running statistics, masks) have no gradient, so nothing
 keeps them equal: each rank would update them from its own samples. Like
-PyTorch's DDP (``broadcast_buffers=True``), both wrappers broadcast rank 0's
+PyTorch's DDP (``broadcast_buffers=True``, called ``forward_sync_buffers`` since
+PyTorch 2.13), both wrappers broadcast rank 0's
 buffers at the start of every training forward (not under ``torch.no_grad()``,
 so rank 0 may evaluate alone, and not inside ``no_sync()``, again like
 PyTorch); ``broadcast_buffers=False`` lets the ranks drift (or use :class:`~distlab.parallel.sync_batchnorm.SyncBatchNorm`,
