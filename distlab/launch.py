@@ -34,6 +34,7 @@ at the top of the script and then ``fn(rank, world_size)``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -116,6 +117,8 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
     """Loop: receive a job, run it, send the result. Runs in the spawned process."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C for the job
+    if hasattr(signal, "pthread_sigmask"):  # started while the parent held SIGINT back
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     import torch.distributed as dist  # the expensive import, paid once per worker
 
     lock = threading.Lock()
@@ -224,18 +227,38 @@ def _worker_entry(fd: int, parent_pid: int) -> None:
     _worker_main(Connection(fd), parent_pid)
 
 
-def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
-    with _pool_lock:
-        workers = []
-        if warm:
-            while _idle and len(workers) < n:
-                worker = _idle.pop()
-                if worker.process.poll() is None:
-                    workers.append(worker)
-                else:
-                    worker.kill()
-        fresh = [_start_worker() for _ in range(n - len(workers))]
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """Hold back SIGINT while processes start: a KeyboardInterrupt raised inside
+    ``Popen`` would leave a started process that nobody knows about. The held
+    signal is delivered on exit from the block, where the caller can clean up."""
+    can_block = hasattr(signal, "pthread_sigmask")
+    if can_block:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
+        yield
+    finally:
+        if can_block:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
+    """``n`` ready workers: idle ones from the pool first, then fresh ones. On any
+    error, Ctrl+C included, every worker taken or started here is killed."""
+    workers: list[_Worker] = []
+    try:
+        with _pool_lock, _ctrl_c_deferred():
+            if warm:
+                while _idle and len(workers) < n:
+                    worker = _idle.pop()
+                    if worker.process.poll() is None:
+                        workers.append(worker)
+                    else:
+                        worker.kill()
+            fresh = []
+            for _ in range(n - len(workers)):
+                fresh.append(_start_worker())
+                workers.append(fresh[-1])
         for worker in fresh:  # wait until each new worker has imported torch
             remaining = deadline - time.monotonic()
             if not worker.conn.poll(max(remaining, 0)):
@@ -247,11 +270,11 @@ def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
                     "a worker process died while starting "
                     f"(is distlab importable by {sys.executable}?)"
                 ) from None
-    except BaseException:  # including Ctrl+C while the workers start
-        for w in workers + fresh:
-            w.kill()
+    except BaseException:
+        for worker in workers:
+            worker.kill()
         raise
-    return workers + fresh
+    return workers
 
 
 def _return_workers(workers: list[_Worker]) -> None:
@@ -339,9 +362,10 @@ def run(
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout),
     )
-    workers = _take_workers(world_size, warm, deadline)
+    workers: list[_Worker] = []
     prefix = f"distlab-{os.getpid()}-{time.monotonic_ns()}/"
     try:
+        workers = _take_workers(world_size, warm, deadline)
         for rank, worker in enumerate(workers):
             worker.conn.send(
                 {

@@ -240,7 +240,9 @@ def sleeper(rank, world_size):
     time.sleep(600)
 
 def interrupt_soon():  # what Ctrl+C or Jupyter's "interrupt kernel" does: SIGINT to the group
-    time.sleep(1.0)
+    while len(psutil.Process().children()) < 2:  # the workers exist (cold: still importing torch)
+        time.sleep(0.01)
+    time.sleep(0.3)
     os.killpg(os.getpgid(0), signal.SIGINT)
 
 if sys.argv[1] == "warm":
@@ -278,3 +280,22 @@ def test_an_idle_worker_survives_sigint():
     time.sleep(0.5)
     assert all(psutil.pid_exists(pid) for pid in idle)
     assert distlab.run(_threads, 2) == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
+
+
+def test_ctrl_c_while_starting_workers_kills_the_ones_already_started(monkeypatch):
+    """The window the SIGINT test can miss: Ctrl+C between two worker starts."""
+    started = []
+    real_start = launch._start_worker
+
+    def start_then_interrupt():
+        if started:
+            raise KeyboardInterrupt
+        started.append(real_start())
+        return started[-1]
+
+    launch.shutdown()
+    monkeypatch.setattr(launch, "_start_worker", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        distlab.run(_threads, 2)
+    assert started and started[0].process.poll() is not None, "the first worker was left running"
+    assert not _children()
