@@ -1,6 +1,5 @@
 """place(): where ranks go, the rules it keeps, the score, and the errors it gives."""
 
-import time
 
 import numpy as np
 import pytest
@@ -144,13 +143,11 @@ def test_random_placement_is_seeded():
     assert a.gpu_of_rank.tolist() == b.gpu_of_rank.tolist()
 
 
-def test_hundred_thousand_gpus_in_under_a_second():
+def test_hundred_thousand_gpus_are_placed_without_violations():
+    """The time (target < 1 s) is measured by benchmarks/placement_scale.py, not here."""
     cluster = preset("dgx-h100", nodes=12_500)
-    start = time.perf_counter()
     p = place(Job(tp=8, pp=8, dp=1562), cluster)
-    elapsed = time.perf_counter() - start
     assert p.violations() == []
-    assert elapsed < 1.0
 
 
 @pytest.mark.parametrize(

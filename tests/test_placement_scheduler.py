@@ -1,6 +1,5 @@
 """The event-driven scheduler: gang starts, checkpoints, preemption, failures, elasticity, policies."""
 
-import time
 
 import numpy as np
 import pytest
@@ -179,10 +178,9 @@ def test_allocation_policies_and_fragmentation_metric():
         allocate(free, 1, 2, 8, 1, "worst-fit")
 
 
-def test_thousand_jobs_on_1024_gpus_in_under_ten_seconds():
+def test_thousand_jobs_on_1024_gpus_all_complete():
+    """The time (target < 10 s) is measured by benchmarks/placement_scale.py, not here."""
     cluster = preset("dgx-h100", nodes=128)
     jobs = mixed_jobs(1000, cluster_gpus=cluster.world_size, load=1.0, seed=0)
-    start = time.perf_counter()
     r = simulate(jobs, cluster)
-    assert time.perf_counter() - start < 10
     assert r.stats().completed == 1000

