@@ -60,7 +60,41 @@ from .comm import Collectives, CommThread, broadcast_module_buffers, broadcast_m
 from .trace import TraceRecorder
 
 
-class NaiveDDP(nn.Module):
+class _Replicated(nn.Module):
+    """What both DDP versions share: a full replica of ``module`` that starts
+    from rank 0's state, rank 0's buffers before each training forward, and
+    ``no_sync()``. A subclass sets ``self._tracker`` (its :class:`ReadyInOrder`)."""
+
+    _tracker: ReadyInOrder
+
+    def __init__(self, module: nn.Module, algorithm: str, group, broadcast_buffers: bool):
+        super().__init__()
+        self.module = module
+        self.comm = Collectives(algorithm, group)
+        self.broadcast_buffers = broadcast_buffers
+        broadcast_module_state(module, self.comm)
+
+    def _sync_buffers(self) -> None:
+        """PyTorch's rule: broadcast in a forward that a syncing backward will follow."""
+        if self.broadcast_buffers and torch.is_grad_enabled() and self._tracker.enabled:
+            broadcast_module_buffers(self.module, self.comm)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward inside accumulates gradients locally, without communicating."""
+        self._tracker.enabled = False
+        try:
+            yield
+        finally:
+            self._tracker.enabled = True
+
+    def model_state_tensors(self) -> dict[str, list]:
+        """Parameters and gradients this rank holds (see :mod:`distlab.parallel.memory`)."""
+        params = list(self.module.parameters())
+        return {"parameters": params, "gradients": [p.grad for p in params]}
+
+
+class NaiveDDP(_Replicated):
     """All-reduce every gradient, one parameter at a time, after backward.
 
     ``loss.backward()`` returns with averaged gradients (the all-reduces run
@@ -75,23 +109,13 @@ class NaiveDDP(nn.Module):
         group=None,
         broadcast_buffers: bool = True,
     ):
-        super().__init__()
-        self.module = module
-        self.comm = Collectives(algorithm, group)
-        self.broadcast_buffers = broadcast_buffers
-        broadcast_module_state(module, self.comm)
+        super().__init__(module, algorithm, group, broadcast_buffers)
         self.params = trainable_parameters(module)
         self._tracker = ReadyInOrder([self.params], lambda i: None, self.sync_gradients)
 
     def forward(self, *args, **kwargs):
-        if self.broadcast_buffers and torch.is_grad_enabled() and self._tracker.enabled:
-            broadcast_module_buffers(self.module, self.comm)
+        self._sync_buffers()
         return self.module(*args, **kwargs)
-
-    def model_state_tensors(self) -> dict[str, list]:
-        """Parameters and gradients this rank holds (see :mod:`distlab.parallel.memory`)."""
-        params = list(self.module.parameters())
-        return {"parameters": params, "gradients": [p.grad for p in params]}
 
     def sync_gradients(self) -> None:
         """Average each parameter's gradient over the ranks (zeros where it has none)."""
@@ -99,15 +123,6 @@ class NaiveDDP(nn.Module):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             self.comm.all_reduce_mean_(p.grad)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward inside accumulates gradients locally, without communicating."""
-        self._tracker.enabled = False
-        try:
-            yield
-        finally:
-            self._tracker.enabled = True
 
 
 class _Bucket:
@@ -150,7 +165,7 @@ class _Bucket:
             p.grad = view
 
 
-class BucketedDDP(nn.Module):
+class BucketedDDP(_Replicated):
     """DDP with gradient buckets whose all-reduce overlaps with backward.
 
     ``overlap=False`` still buckets but starts every all-reduce only after
@@ -168,11 +183,7 @@ class BucketedDDP(nn.Module):
         overlap: bool = True,
         broadcast_buffers: bool = True,
     ):
-        super().__init__()
-        self.module = module
-        self.comm = Collectives(algorithm, group)
-        self.broadcast_buffers = broadcast_buffers
-        broadcast_module_state(module, self.comm)
+        super().__init__(module, algorithm, group, broadcast_buffers)
         self.overlap = overlap
         params = trainable_parameters(module)
         groups = assign_buckets(params[::-1], bucket_cap_bytes(bucket_cap_mb))
@@ -189,8 +200,7 @@ class BucketedDDP(nn.Module):
         self._futures: list[Future] = []
 
     def forward(self, *args, **kwargs):
-        if self.broadcast_buffers and torch.is_grad_enabled() and self._tracker.enabled:
-            broadcast_module_buffers(self.module, self.comm)
+        self._sync_buffers()
         self.trace.forward_start()
         out = self.module(*args, **kwargs)
         self.trace.forward_end()
@@ -218,20 +228,6 @@ class BucketedDDP(nn.Module):
             future.result()  # re-raises a failure of the communication thread here
         self._thread.close()
         self.trace.sync_end()
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward inside accumulates gradients locally, without communicating."""
-        self._tracker.enabled = False
-        try:
-            yield
-        finally:
-            self._tracker.enabled = True
-
-    def model_state_tensors(self) -> dict[str, list]:
-        """Parameters and gradients this rank holds (see :mod:`distlab.parallel.memory`)."""
-        params = list(self.module.parameters())
-        return {"parameters": params, "gradients": [p.grad for p in params]}
 
     def zero_grad(self) -> None:
         """Zero the gradient buckets in place (cheaper than ``optimizer.zero_grad()``)."""
