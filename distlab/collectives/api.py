@@ -38,6 +38,26 @@ def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return bounds
 
 
+def _per_rank_sizes(
+    blocks: torch.Tensor | Sequence[torch.Tensor], own: torch.Tensor, rank: int, n: int
+) -> tuple[list[int], int]:
+    """Element count of each rank's block, and a problem code (0 when fine).
+
+    ``blocks`` is one tensor per rank, or one tensor of ``n`` blocks the size
+    of ``own``; this rank's block must have ``own``'s size. Problem 5: not one
+    tensor per rank; 6: sizes that do not fit.
+    """
+    if isinstance(blocks, (list, tuple)):
+        if len(blocks) != n:
+            return [0] * n, 5
+        sizes = [t.numel() for t in blocks]
+    else:
+        sizes = [own.numel()] * n
+        if blocks.numel() != n * own.numel():
+            return sizes, 6
+    return sizes, (6 if sizes[rank] != own.numel() else 0)
+
+
 def all_reduce(
     schedule_for: ScheduleFor,
     name: str,
@@ -80,13 +100,8 @@ def reduce_scatter(
     rank, n = group_info(group)
     tensors = list(input) if isinstance(input, (list, tuple)) else [input]
     problem, op_code = local_problem([output, *tensors], op)
-    if isinstance(input, (list, tuple)):
-        sizes = [t.numel() for t in input] if len(input) == n else [0] * n
-        problem = problem or (5 if len(input) != n else 0)
-    else:
-        sizes = [output.numel()] * n
-        problem = problem or (6 if input.numel() != n * output.numel() else 0)
-    problem = problem or (6 if output.numel() != sizes[rank] else 0)
+    sizes, shape_problem = _per_rank_sizes(input, output, rank, n)
+    problem = problem or shape_problem
     check_agreement(
         name,
         group,
@@ -123,13 +138,8 @@ def all_gather(
     as_list = isinstance(output, (list, tuple))
     tensors = list(output) if as_list else [output]
     problem, op_code = local_problem([input, *tensors], None, reduces=False)
-    if as_list:
-        sizes = [t.numel() for t in output] if len(output) == n else [0] * n
-        problem = problem or (5 if len(output) != n else 0)
-    else:
-        sizes = [input.numel()] * n
-        problem = problem or (6 if output.numel() != n * input.numel() else 0)
-    problem = problem or (6 if sizes[rank] != input.numel() else 0)
+    sizes, shape_problem = _per_rank_sizes(output, input, rank, n)
+    problem = problem or shape_problem
     check_agreement(
         name,
         group,
