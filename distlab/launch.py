@@ -366,22 +366,20 @@ def run(
     prefix = f"distlab-{os.getpid()}-{time.monotonic_ns()}/"
     try:
         workers = _take_workers(world_size, warm, deadline)
+        job = {
+            "world_size": world_size,
+            "backend": backend,
+            "host": "127.0.0.1",
+            "port": store.port,
+            "prefix": prefix,
+            "payload": payload,
+            "timeout": timeout,
+            "cwd": os.getcwd(),
+            "sys_path": list(sys.path),
+            "threads": threads_per_rank(world_size),
+        }
         for rank, worker in enumerate(workers):
-            worker.conn.send(
-                {
-                    "rank": rank,
-                    "world_size": world_size,
-                    "backend": backend,
-                    "host": "127.0.0.1",
-                    "port": store.port,
-                    "prefix": prefix,
-                    "payload": payload,
-                    "timeout": timeout,
-                    "cwd": os.getcwd(),
-                    "sys_path": list(sys.path),
-                    "threads": threads_per_rank(world_size),
-                }
-            )
+            worker.conn.send({**job, "rank": rank})
         results = _collect(workers, deadline, timeout, show_output)
     except BaseException:
         for worker in workers:
