@@ -103,6 +103,7 @@ def _worker(rank, world_size):
     out = {}
     for (model_name, run_name), (method, micro, options) in runs.items():
         make, batch, loss_fn, opt = models[model_name]
+        fresh = make()  # an untrained copy, for counting what the model holds
         trainer = T.build(method, make(), **options, **opt)
         comm = getattr(trainer.model, "comm", None) or getattr(trainer.optimizer, "comm", None)
         for step in range(STEPS[model_name]):
@@ -117,11 +118,11 @@ def _worker(rank, world_size):
             "memory": measure_model_state(trainer.model, trainer.optimizer),
             "traffic": traffic.bytes_sent - traffic.by_schedule.get("tree_broadcast", 0),
             "buffer_broadcast": traffic.by_schedule.get("tree_broadcast", 0),
-            "buffer_bytes": sum(b.numel() * b.element_size() for b in make().buffers()),
+            "buffer_bytes": sum(b.numel() * b.element_size() for b in fresh.buffers()),
             "algorithms": set(traffic.by_schedule) - {"tree_broadcast"},
             "calls": calls,
-            "n_params": sum(p.numel() for p in make().parameters()),
-            "n_tensors": sum(1 for _ in make().parameters()),
+            "n_params": sum(p.numel() for p in fresh.parameters()),
+            "n_tensors": sum(1 for _ in fresh.parameters()),
             "padded": sum(g.padded_numel for g in groups),
             "n_groups": len(groups) or len(getattr(trainer.model, "buckets", [])),
             "peak": getattr(trainer.model, "peak_materialised_bytes", None),
