@@ -2,7 +2,8 @@
 
 One launch per world size runs every method on the small MLP (Adam) and the
 small GPT (SGD with momentum), three and two steps on the same global batches,
-and one step of DDP, ZeRO-1/2 and FSDP on a bf16 MLP (fp32 masters), and returns the trained parameters (gathered to whole tensors), the bytes of
+and one step of DDP, ZeRO-1/2 and FSDP on a bf16 MLP (fp32 masters), and
+returns the trained parameters (gathered to whole tensors), the bytes of
 model state each rank holds, the bytes it sent, and the collectives it
 issued. The tests below read those results.
 
@@ -59,7 +60,7 @@ BF16_RUNS = {
     "bucketed_ddp": ("bucketed_ddp", {"bucket_cap_mb": BUCKET_MB}, "mixed_adam"),
     "zero1": ("zero1", {"bucket_cap_mb": BUCKET_MB}, "mixed_adam"),
     "zero2": ("zero2", {"bucket_cap_mb": BUCKET_MB}, "mixed_adam"),
-    "fsdp_layer": ("fsdp", {"wrap": "layer"}, "bf16_adam"),
+    "fsdp_layer": ("fsdp", {"wrap": "layer"}, "mixed_adam"),
 }
 GPT_RUNS = ["naive_ddp", "bucketed_ddp", "ddp_accumulation", "zero1", "zero2", "fsdp_block"]
 ACCUMULATING = {"ddp_accumulation", "zero2_accumulation"}
@@ -180,7 +181,7 @@ def test_bf16_methods_track_bf16_single_process_training(results, world_size):
     step is lr * sign(gradient): a weight whose tiny gradient changes sign moves
     by 2 lr. So the check is loose: the mean weight difference is far below lr.
     Where the arithmetic is the same (one rank, or two: a + b == b + a), DDP,
-    ZeRO-1 and ZeRO-2, which all update fp32 masters, agree bit for bit."""
+    ZeRO-1, ZeRO-2 and FSDP, which all update fp32 masters, agree bit for bit."""
     lr = 1e-2
     for rank_result in results(world_size):
         reference = rank_result[("mlp_bf16", "single")]["params"]
@@ -188,7 +189,7 @@ def test_bf16_methods_track_bf16_single_process_training(results, world_size):
             params = rank_result[("mlp_bf16", name)]["params"]
             difference = torch.cat([(params[k] - reference[k]).abs().flatten() for k in reference])
             assert difference.mean() < lr / 10, (name, difference.mean())
-            if world_size <= 2 and name != "fsdp_layer":  # FSDP has no fp32 masters here
+            if world_size <= 2:
                 baseline = "single" if world_size == 1 else "bucketed_ddp"
                 other = rank_result[("mlp_bf16", baseline)]["params"]
                 assert all(torch.equal(params[k], other[k]) for k in params), name
@@ -219,7 +220,7 @@ def test_measured_model_state_equals_the_calculator(results, world_size):
     ZeRO-1's unsharded gradients at the true count; with no padding, everything
     matches the calculator at the true parameter count. The fp32 MLP uses the
     fp32_adam recipe, the GPT sgd_momentum, the bf16 MLP mixed_adam (fp32
-    masters) or, for FSDP on a bf16 model, bf16_adam."""
+    masters, for FSDP masters of the shards)."""
     checked = set()
     for rank_result in results(world_size):
         for (model, name), run in rank_result.items():

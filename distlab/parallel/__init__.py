@@ -34,7 +34,12 @@ from .ddp import BucketedDDP, NaiveDDP
 from .ddp_timing import time_ddp_variants
 from .fsdp import FSDP
 from .memory import MeasuredModelState, measure_model_state, storage_bytes
-from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer, autocast
+from .mixed_precision import (
+    DynamicLossScaler,
+    MixedPrecisionOptimizer,
+    MixedPrecisionPolicy,
+    autocast,
+)
 from .sync_batchnorm import SyncBatchNorm
 from .trace import BucketTimes, StepTrace
 from .zero import ZeroOptimizer
@@ -49,6 +54,7 @@ __all__ = [
     "DynamicLossScaler",
     "MeasuredModelState",
     "MixedPrecisionOptimizer",
+    "MixedPrecisionPolicy",
     "NaiveDDP",
     "ShardSampler",
     "StepTrace",

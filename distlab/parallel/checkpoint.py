@@ -20,9 +20,13 @@ order). Hyperparameters come from the optimizer the caller builds again.
 
 Supported pairs: a plain module or DDP wrapper with a torch optimizer or a
 :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer` (its fp32
-masters are saved as the weights, with its loss scale); any model with a :class:`~distlab.parallel.zero.ZeroOptimizer`; an
-:class:`~distlab.parallel.fsdp.FSDP` model with a torch optimizer over
-``fsdp.parameters()``. Every function is collective: call it on all ranks.
+masters are saved as the weights, with its loss scale); any model with a
+:class:`~distlab.parallel.zero.ZeroOptimizer`; an
+:class:`~distlab.parallel.fsdp.FSDP` model with a torch optimizer or a
+``MixedPrecisionOptimizer`` over ``fsdp.parameters()`` (the fp32 masters of
+the shards and the loss scale are saved). A sharded owner is anything that
+offers :class:`ShardedTraining`. Every function is collective: call it on
+all ranks.
 
 Only the CPU generator's state is saved. On a GPU, dropout draws from the
 CUDA generator (``torch.cuda.get_rng_state``), which is not saved here, so a
@@ -33,13 +37,14 @@ bit for bit.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .comm import world
-from .flat import named_parameter_index
+from .comm import Collectives, world
+from .flat import FlatGroup, named_parameter_index
 from .fsdp import FSDP
 from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer
 from .zero import ZeroOptimizer
@@ -47,23 +52,70 @@ from .zero import ZeroOptimizer
 # ------------------------------------------------------------ the pieces ----
 
 
-def _sharded_owner(model, optimizer):
-    """(owner of the flat groups, inner torch optimizer) or (None, optimizer) if replicated."""
+class ShardedTraining(Protocol):
+    """What a wrapper must offer for its flat, sharded state to be checkpointed.
+
+    :class:`~distlab.parallel.zero.ZeroOptimizer` and
+    :class:`~distlab.parallel.fsdp.FSDP` offer it (and :class:`FSDPMasters`
+    for FSDP trained through a ``MixedPrecisionOptimizer``): the
+    checkpoint reads and writes each group's ``masters[i]``, this rank's
+    shard at master precision, which is what the optimizer updates.
+    """
+
+    comm: Collectives  # its all_gather and world_size
+    flat_groups: list[FlatGroup]  # the layout: parameters, offsets, shard ranges
+    masters: list[torch.Tensor]  # per group, this rank's shard as the optimizer trains it
+
+    def after_load(self) -> None:
+        """Make the model's weights follow the just-loaded masters (on every rank)."""
+
+
+class FSDPMasters:
+    """:class:`ShardedTraining` for FSDP trained through a ``MixedPrecisionOptimizer``:
+    the fp32 masters of the 16-bit shards live in the optimizer."""
+
+    def __init__(self, fsdp: FSDP, optimizer: MixedPrecisionOptimizer):
+        shards = {id(u.shard): i for i, u in enumerate(fsdp.units)}
+        if [shards.get(id(p)) for p in optimizer.params] != list(range(len(fsdp.units))):
+            raise ValueError(
+                "the MixedPrecisionOptimizer of an FSDP model must be built on the FSDP model"
+            )
+        self.fsdp, self.comm, self.flat_groups = fsdp, fsdp.comm, fsdp.flat_groups
+        self.masters = optimizer.masters
+
+    def after_load(self) -> None:
+        with torch.no_grad():
+            for unit, master in zip(self.fsdp.units, self.masters):
+                unit.shard.copy_(master)  # the 16-bit shard is the rounding of its master
+
+
+class _Parts(NamedTuple):
+    """The sharded owner (None when replicated), the torch optimizer, the plain module."""
+
+    owner: ShardedTraining | None
+    inner: torch.optim.Optimizer
+    module: nn.Module
+
+
+def _parts(model, optimizer) -> _Parts:
+    """Split a (model, optimizer) pair into what the checkpoint functions need."""
     if isinstance(optimizer, ZeroOptimizer):
-        return optimizer, optimizer.optimizer
-    if isinstance(optimizer, MixedPrecisionOptimizer):
-        return None, optimizer.optimizer
+        return _Parts(optimizer, optimizer.optimizer, optimizer.model)
     if isinstance(model, FSDP):
+        if isinstance(optimizer, MixedPrecisionOptimizer):
+            return _Parts(FSDPMasters(model, optimizer), optimizer.optimizer, model.module)
         optimized = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if any(id(m) not in optimized for m in model.masters):
             raise ValueError("the optimizer of an FSDP model must be built on fsdp.parameters()")
-        return model, optimizer
+        return _Parts(model, optimizer, model.module)
+    if isinstance(optimizer, MixedPrecisionOptimizer):
+        return _Parts(None, optimizer.optimizer, _module(model))
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             "need a torch optimizer, a MixedPrecisionOptimizer or a ZeroOptimizer, "
             f"got {type(optimizer).__name__}"
         )
-    return None, optimizer
+    return _Parts(None, optimizer, _module(model))
 
 
 def _weights(optimizer) -> dict[int, torch.Tensor]:
@@ -135,8 +187,7 @@ def _gather_flat(owner, shard: torch.Tensor) -> torch.Tensor:
 
 def full_state(model, optimizer) -> dict:
     """The whole training state as per-name tensors, on every rank (collective)."""
-    owner, inner = _sharded_owner(model, optimizer)
-    module = _module(model) if owner is not optimizer else optimizer.model
+    owner, inner, module = _parts(model, optimizer)
     names = named_parameter_index(module)
     params: dict[str, torch.Tensor] = {}
     optim: dict[str, dict] = {}
@@ -185,8 +236,7 @@ def full_state(model, optimizer) -> dict:
 
 def load_full_state(state: dict, model, optimizer) -> None:
     """Put a :func:`full_state` into this rank's model and optimizer (any world size)."""
-    owner, inner = _sharded_owner(model, optimizer)
-    module = _module(model) if owner is not optimizer else optimizer.model
+    owner, inner, module = _parts(model, optimizer)
     names = named_parameter_index(module)
     with torch.no_grad():
         for name, buffer in module.named_buffers():
@@ -293,8 +343,7 @@ def _rng_entry(mesh, local: torch.Tensor):
 
 def _sharded_layout(model, optimizer, mesh) -> dict:
     """The state dict DCP saves: DTensors for shards, plain tensors for replicated state."""
-    owner, inner = _sharded_owner(model, optimizer)
-    module = _module(model) if owner is not optimizer else optimizer.model
+    owner, inner, module = _parts(model, optimizer)
     names = named_parameter_index(module)
     sd: dict = {f"buffer.{n}": b for n, b in module.named_buffers()}
     if owner is None:
@@ -330,56 +379,65 @@ def save_sharded(path: str | os.PathLike, model, optimizer) -> None:
     dcp.save(sd, checkpoint_id=os.fspath(path))
 
 
+def _fresh(meta, device, numel: int | None = None) -> torch.Tensor:
+    """A zero tensor to load a stored entry into (``numel``: a shard's length instead)."""
+    shape = (numel,) if numel is not None else tuple(meta.size)
+    return torch.zeros(shape, dtype=meta.properties.dtype, device=device)
+
+
+def _replicated_targets(parts: _Parts, optimizer, stored: dict, sd: dict) -> dict[int, dict]:
+    """Point ``sd`` at the weights of a replicated model; return the optimizer state to fill."""
+    names = named_parameter_index(parts.module)
+    index, weights = _index_of(parts.inner), _weights(optimizer)
+    states: dict[int, dict] = {}
+    for p in parts.module.parameters():
+        name, w = names[id(p)], weights.get(id(p), p)
+        sd[f"param.{name}"] = w.data
+        for key, meta in stored.items():
+            if key.startswith(f"optim.{name}."):
+                value = sd[key] = _fresh(meta, p.device if meta.size else "cpu")
+                states.setdefault(index[id(w)], {})[key.rsplit(".", 1)[1]] = value
+    return states
+
+
+def _flat_targets(parts: _Parts, stored: dict, sd: dict, mesh) -> dict[int, dict]:
+    """Point ``sd`` at this rank's shards (as DTensors); return the optimizer state to fill."""
+    index = _index_of(parts.inner)
+    states: dict[int, dict] = {}
+    for i, (group, master) in enumerate(zip(parts.owner.flat_groups, parts.owner.masters)):
+        size = tuple(stored[f"group{i}.param"].size)
+        if size != (group.numel,):
+            raise ValueError(
+                f"checkpoint group {i} has {size} elements, this model's has {group.numel}: "
+                "different model or grouping"
+            )
+        sd[f"group{i}.param"] = _sharded(_owned(group, master), group.numel, mesh)
+        for key, meta in stored.items():
+            if key.startswith(f"group{i}.") and key != f"group{i}.param":
+                if tuple(meta.size) == (group.numel,):
+                    value = _fresh(meta, master.device, group.shard_numel)
+                    sd[key] = _sharded(_owned(group, value), group.numel, mesh)
+                else:
+                    value = sd[key] = _fresh(meta, "cpu")  # e.g. Adam's step counter
+                states.setdefault(index[id(master)], {})[key.split(".", 1)[1]] = value
+    return states
+
+
 def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
     """Read a :func:`save_sharded` checkpoint, at this or another world size (collective)."""
     import torch.distributed.checkpoint as dcp
 
     path = os.fspath(path)
     stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    owner, inner = _sharded_owner(model, optimizer)
-    module = _module(model) if owner is not optimizer else optimizer.model
-    names = named_parameter_index(module)
+    parts = _parts(model, optimizer)
     mesh = _mesh()
-    _, world_size = world()
-    sd: dict = {f"buffer.{n}": b for n, b in module.named_buffers()}
-    states: dict[int, dict] = {}  # optimizer index -> state being filled
-    index = _index_of(inner)
-
-    def fresh(key: str, device: torch.device, like_numel: int | None = None) -> torch.Tensor:
-        meta = stored[key]
-        shape = (like_numel,) if like_numel is not None else tuple(meta.size)
-        return torch.zeros(shape, dtype=meta.properties.dtype, device=device)
-
-    weights = _weights(optimizer)
-    if owner is None:
-        for p in module.parameters():
-            name = names[id(p)]
-            w = weights.get(id(p), p)
-            sd[f"param.{name}"] = w.data
-            for key in stored:
-                if key.startswith(f"optim.{name}."):
-                    value = fresh(key, p.device if stored[key].size else "cpu")
-                    states.setdefault(index[id(w)], {})[key.rsplit(".", 1)[1]] = value
-                    sd[key] = value
+    sd: dict = {f"buffer.{n}": b for n, b in parts.module.named_buffers()}
+    if parts.owner is None:
+        states = _replicated_targets(parts, optimizer, stored, sd)
     else:
-        for i, (group, master) in enumerate(zip(owner.flat_groups, owner.masters)):
-            if tuple(stored[f"group{i}.param"].size) != (group.numel,):
-                raise ValueError(
-                    f"checkpoint group {i} has {tuple(stored[f'group{i}.param'].size)} elements, "
-                    f"this model's has {group.numel}: different model or grouping"
-                )
-            sd[f"group{i}.param"] = _sharded(_owned(group, master), group.numel, mesh)
-            for key in stored:
-                if key.startswith(f"group{i}.") and key != f"group{i}.param":
-                    name = key.split(".", 1)[1]
-                    if tuple(stored[key].size) == (group.numel,):
-                        value = fresh(key, master.device, group.shard_numel)
-                        sd[key] = _sharded(_owned(group, value), group.numel, mesh)
-                    else:
-                        value = sd[key] = fresh(key, "cpu")  # e.g. Adam's step counter
-                    states.setdefault(index[id(master)], {})[name] = value
+        states = _flat_targets(parts, stored, sd, mesh)
     rng = None
-    if "rng" in stored and stored["rng"].size[0] == world_size:
+    if "rng" in stored and stored["rng"].size[0] == world()[1]:
         rng = torch.get_rng_state().to(mesh.device_type, copy=True)
         sd["rng"] = _rng_entry(mesh, rng)
     scaler = _scaler_state(optimizer)
@@ -387,13 +445,20 @@ def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
         sd["loss_scaler"] = scaler
     with torch.no_grad():
         dcp.load(sd, checkpoint_id=path)
-        for p in module.parameters():
+    _finish_load(parts, optimizer, states, scaler)
+    if rng is not None:
+        torch.set_rng_state(rng.cpu())
+
+
+def _finish_load(parts: _Parts, optimizer, states: dict[int, dict], scaler) -> None:
+    """After the tensors are read: round masters into the model, restore optimizer and scaler."""
+    with torch.no_grad():
+        weights = _weights(optimizer)
+        for p in parts.module.parameters():
             w = weights.get(id(p), p)
             if w is not p:
                 p.copy_(w)  # the 16-bit model is the rounding of its master
-    _load_optimizer_state(inner, states)
+    _load_optimizer_state(parts.inner, states)
     _load_scaler_state(optimizer, scaler)
-    if owner is not None:
-        owner.after_load()
-    if rng is not None:
-        torch.set_rng_state(rng.cpu())
+    if parts.owner is not None:
+        parts.owner.after_load()

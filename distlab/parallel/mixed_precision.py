@@ -27,9 +27,20 @@ rank 0's weights), then build :class:`MixedPrecisionOptimizer` from the
 wrapped model, so the masters start from the broadcast weights. Gradients are
 then all-reduced in 16 bits (half of fp32's bytes), and an inf on any rank
 reaches every rank through the sum, so all ranks skip the same steps.
+
+With :class:`~distlab.parallel.fsdp.FSDP`, a :class:`MixedPrecisionPolicy`
+says which dtype the gathered weights (and so the compute) use and which
+dtype the gradients are reduce-scattered in; the optimizer is then this same
+:class:`MixedPrecisionOptimizer`, built on ``fsdp.parameters()``: its fp32
+masters are masters of this rank's *shards* (ZeRO-3's 16Ψ/K bytes). A rank
+then sees only its own shard of the gradients, and an overflow may land in
+another rank's shard, so the model's ``any_rank(found_inf)`` (one
+all-reduce of a flag) makes every rank skip the same steps.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,6 +48,34 @@ from torch import nn
 from .memory import optimizer_state_tensors
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+FLOATING = (torch.float32, *LOW_PRECISION)
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """Which dtypes FSDP computes and communicates in (PyTorch FSDP's ``MixedPrecisionPolicy``).
+
+    * ``param_dtype``: the dtype of the sharded and gathered weights, so of
+      the forward and backward compute (``None``: keep the model's dtype).
+      FSDP casts the model's weights to it once, like ``model.to(dtype)``;
+      the fp32 masters live in the :class:`MixedPrecisionOptimizer`.
+    * ``reduce_dtype``: the dtype gradients are summed in by the
+      reduce-scatter (``None``: ``param_dtype``). fp32 rounds once, at the
+      end, instead of after every addition; the shard's gradient is then
+      rounded to ``param_dtype`` (a parameter's ``.grad`` has its dtype).
+    """
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        for field_name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, field_name)
+            if value is not None and value not in FLOATING:
+                raise ValueError(
+                    f"{field_name} must be None or one of {[str(d) for d in FLOATING]}, "
+                    f"got {value!r}"
+                )
 
 
 def autocast(device: torch.device | str, dtype: torch.dtype = torch.bfloat16):
@@ -135,6 +174,8 @@ class MixedPrecisionOptimizer:
                 f"an `update(found_inf)` method like DynamicLossScaler; got {loss_scaler!r}"
             )
         self.loss_scaler = loss_scaler
+        # a model whose gradients are sharded (FSDP) says whether any rank overflowed
+        self._any_rank = getattr(model, "any_rank", None)
         self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
         self.optimizer = optimizer_class(self.masters, **optimizer_kwargs)
 
@@ -155,6 +196,8 @@ class MixedPrecisionOptimizer:
         scale = self.scale  # the scale this backward used
         if _is_dynamic_scaler(self.loss_scaler):
             found_inf = not grads_are_finite(grads)
+            if self._any_rank is not None:
+                found_inf = self._any_rank(found_inf)
             self.loss_scaler.update(found_inf)
             if found_inf:
                 return False

@@ -15,8 +15,9 @@ what to call forward on and whose ``optimizer`` has ``step()`` and
 
 A bf16/fp16 model trains through fp32 master weights (the ``mixed_adam``
 recipe): :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
-for single and DDP, ZeRO's own master shards for ZeRO; FSDP then trains its
-16-bit shards directly (the ``bf16_adam`` recipe, no master copy).
+for single, DDP and FSDP (masters of the shards), ZeRO's own master shards
+for ZeRO. For FSDP, ``mixed_precision=MixedPrecisionPolicy(...)`` casts an
+fp32 model and picks the reduce dtype.
 
 :func:`train_step` does forward, backward (over ``micro_batches`` with the
 loss divided by their number) and the optimizer step on this rank's part of
@@ -38,7 +39,7 @@ from .comm import world
 from .data import shard_batch
 from .ddp import BucketedDDP, NaiveDDP
 from .fsdp import FSDP
-from .mixed_precision import LOW_PRECISION, MixedPrecisionOptimizer
+from .mixed_precision import LOW_PRECISION, MixedPrecisionOptimizer, MixedPrecisionPolicy
 from .zero import ZeroOptimizer
 
 METHODS = ("single", "naive_ddp", "bucketed_ddp", "zero1", "zero2", "fsdp")
@@ -62,23 +63,32 @@ def build(
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
     wrap="layer",
     prefetch: bool = False,
+    mixed_precision: MixedPrecisionPolicy | None = None,
     **optimizer_kwargs,
 ) -> Trainer:
-    """Wrap ``model`` for ``method`` (one of :data:`METHODS`) and build its optimizer."""
+    """Wrap ``model`` for ``method`` (one of :data:`METHODS`) and build its optimizer.
 
-    def replicated_optimizer(module: nn.Module):
+    ``mixed_precision`` is FSDP's policy; other methods take a model already cast.
+    """
+    if mixed_precision is not None and method != "fsdp":
+        raise ValueError(
+            f"mixed_precision is FSDP's policy; for {method!r} cast the model first "
+            "(model.to(torch.bfloat16))"
+        )
+
+    def make_optimizer(module: nn.Module):
         if next(module.parameters()).dtype in LOW_PRECISION:
             return MixedPrecisionOptimizer(module, optimizer_class, **optimizer_kwargs)
         return optimizer_class(module.parameters(), **optimizer_kwargs)
 
     if method == "single":
-        return Trainer(method, model, replicated_optimizer(model))
+        return Trainer(method, model, make_optimizer(model))
     if method == "naive_ddp":
         ddp = NaiveDDP(model, algorithm=algorithm)
-        return Trainer(method, ddp, replicated_optimizer(model))
+        return Trainer(method, ddp, make_optimizer(model))
     if method == "bucketed_ddp":
         ddp = BucketedDDP(model, algorithm=algorithm, bucket_cap_mb=bucket_cap_mb)
-        return Trainer(method, ddp, replicated_optimizer(model))
+        return Trainer(method, ddp, make_optimizer(model))
     if method in ("zero1", "zero2"):
         zero = ZeroOptimizer(
             model,
@@ -90,8 +100,14 @@ def build(
         )
         return Trainer(method, model, zero)
     if method == "fsdp":
-        fsdp = FSDP(model, wrap=wrap, algorithm=algorithm, prefetch=prefetch)
-        return Trainer(method, fsdp, optimizer_class(fsdp.parameters(), **optimizer_kwargs))
+        fsdp = FSDP(
+            model,
+            wrap=wrap,
+            algorithm=algorithm,
+            prefetch=prefetch,
+            mixed_precision=mixed_precision,
+        )
+        return Trainer(method, fsdp, make_optimizer(fsdp))
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
