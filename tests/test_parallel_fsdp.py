@@ -1,0 +1,449 @@
+"""FSDP as a PyTorch FSDP user expects it, on 1, 2 and 3 gloo ranks.
+
+One launch per world size returns, for the tests below to read:
+
+* **fp32 parity**: DDP and FSDP (per layer on distlab's ring, whole model on
+  the built-in collectives, per GPT block) after two steps, next to two
+  single-process references: the whole batch at once, and the K ranks' parts
+  of the batch accumulated as K micro-batches (loss / K each). With two
+  ranks FSDP adds the same two numbers per element as DDP and accumulation
+  do, so all three are equal bit for bit; one matmul over the whole batch
+  sums in another order, so neither DDP nor FSDP equals that run bit for bit
+  (see the FSDP module docstring).
+* **mixed precision**: bf16 and fp16 (dynamic loss scale) MLP runs of FSDP
+  with a ``MixedPrecisionPolicy`` (fp32 masters of the shards in the
+  ``MixedPrecisionOptimizer``), DDP and single-process training with the
+  same recipe: parameters, which steps were skipped, memory, bytes sent.
+* **overflow agreement**: an inf placed in one rank's gradient shard only.
+* **gradients by name and clipping** on the GPT (tied embedding).
+
+Tolerances are the data-parallel tests' (``test_parallel_methods``):
+``rtol=1e-5, atol=1e-6`` in fp32, the mean weight difference below lr / 10
+in 16 bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import distlab
+from distlab.calc.comm import data_parallel_comm
+from distlab.calc.memory import get_recipe, model_state_bytes
+from distlab.parallel import MixedPrecisionPolicy
+
+WORLD_SIZES = [1, 2, 3]
+BATCH = 24
+STEPS = 2
+MIXED_STEPS = 4
+LR = 1e-2
+FP16_INIT_SCALE = 2.0**24  # the first steps overflow fp16 and are skipped
+CLIP = 0.05  # far below the gradient norm: clipping really scales
+
+
+def _models():
+    import torch
+
+    from distlab.models import GPT, MLP, GPTBlock, GPTConfig, gpt_batch, mlp_batch
+    from distlab.parallel import training as T
+
+    gpt_config = GPTConfig(layers=1)
+    sgd = {"optimizer_class": torch.optim.SGD, "lr": 0.2, "momentum": 0.9}
+    return {
+        "mlp": (lambda: MLP(seed=1), mlp_batch, T.mse_loss, {"lr": LR}, "layer"),
+        "gpt": (
+            lambda: GPT(gpt_config, seed=1),
+            lambda n, seed: gpt_batch(n, gpt_config, seed=seed),
+            T.lm_loss,
+            sgd,
+            (GPTBlock,),
+        ),
+    }
+
+
+def _reference(make, batch_fn, loss_fn, options, world_size, *, parts: bool):
+    """Single-process training: the whole batch, or the K ranks' parts as K micro-batches."""
+    import torch
+
+    from distlab.parallel import shard_batch
+
+    options = dict(options)
+    model = make()
+    optimizer = options.pop("optimizer_class", torch.optim.Adam)(model.parameters(), **options)
+    for step in range(STEPS):
+        batch = batch_fn(BATCH, seed=step)
+        pieces = (
+            [shard_batch(batch, r, world_size) for r in range(world_size)] if parts else [batch]
+        )
+        optimizer.zero_grad()
+        for piece in pieces:
+            (loss_fn(model, piece) / len(pieces)).backward()
+        optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _fp32_parity(world_size):
+    from distlab.parallel import training as T
+    from distlab.parallel.checkpoint import full_state
+
+    out = {}
+    for model_name, (make, batch_fn, loss_fn, options, unit) in _models().items():
+        runs = {
+            "ddp": ("naive_ddp", {}),
+            "fsdp_ring": ("fsdp", {"wrap": unit}),
+            "fsdp_builtin_model": ("fsdp", {"wrap": "model", "algorithm": "builtin"}),
+            "fsdp_prefetch": ("fsdp", {"wrap": "layer", "prefetch": True}),
+        }
+        for run_name, (method, build_options) in runs.items():
+            trainer = T.build(method, make(), **build_options, **options)
+            for step in range(STEPS):
+                T.train_step(trainer, batch_fn(BATCH, seed=step), loss_fn)
+            out[(model_name, run_name)] = full_state(trainer.model, trainer.optimizer)["params"]
+        for parts in (False, True):
+            out[(model_name, "parts" if parts else "whole")] = _reference(
+                make, batch_fn, loss_fn, options, world_size, parts=parts
+            )
+    return out
+
+
+def _mixed_runs(world_size):
+    """bf16 and fp16 MLP runs of single, DDP and FSDP with one recipe (fp32 masters)."""
+    import torch
+
+    from distlab.collectives import count_traffic
+    from distlab.models import MLP, mlp_batch
+    from distlab.parallel import DynamicLossScaler, measure_model_state
+    from distlab.parallel import training as T
+    from distlab.parallel.checkpoint import full_state
+
+    out = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        for name in ("single", "bucketed_ddp", "fsdp", "fsdp_reduce_fp32"):
+            options = {"lr": LR}
+            if dtype == torch.float16:
+                options["loss_scaler"] = DynamicLossScaler(FP16_INIT_SCALE, growth_interval=2)
+            if name.startswith("fsdp"):
+                reduce_dtype = torch.float32 if name == "fsdp_reduce_fp32" else None
+                policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
+                trainer = T.build("fsdp", MLP(seed=1), mixed_precision=policy, **options)
+            else:  # the same recipe by hand: cast the model, fp32 masters in the optimizer
+                trainer = T.build(name, MLP(seed=1).to(dtype), **options)
+            skipped, sent = [], []
+            for step in range(MIXED_STEPS):
+                scaler = getattr(trainer.optimizer, "loss_scaler", None)
+                before = scaler.skipped_steps if scaler else 0
+                with count_traffic() as traffic:
+                    T.train_step(trainer, mlp_batch(BATCH, seed=step), T.mse_loss)
+                skipped.append((scaler.skipped_steps if scaler else 0) > before)
+                sent.append(traffic.bytes_sent - traffic.by_schedule.get("tree_broadcast", 0))
+            groups = getattr(trainer.model, "flat_groups", [])
+            out[(str(dtype), name)] = {
+                "params": full_state(trainer.model, trainer.optimizer)["params"],
+                "skipped": skipped,
+                "scale": getattr(trainer.optimizer, "scale", 1.0),
+                "memory": measure_model_state(trainer.model, trainer.optimizer),
+                "sent": sent,
+                "padded": sum(g.padded_numel for g in groups),
+                "n_params": sum(p.numel() for p in MLP(seed=1).parameters()),
+                "shard_dtypes": {str(p.dtype) for p in trainer.model.parameters()},
+                "master_dtypes": {str(m.dtype) for m in trainer.optimizer.masters},
+            }
+    return out
+
+
+def _overflow_on_one_rank(rank, world_size):
+    """An inf that lands in rank 0's gradient shard only: every rank must skip the step."""
+    import torch
+
+    from distlab.models import MLP, mlp_batch
+    from distlab.parallel import DynamicLossScaler, shard_batch
+    from distlab.parallel import training as T
+    from distlab.parallel.mixed_precision import grads_are_finite
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16)
+    scaler = DynamicLossScaler(2.0**8)
+    trainer = T.build("fsdp", MLP(seed=1), mixed_precision=policy, loss_scaler=scaler, lr=LR)
+    fsdp, optimizer = trainer.model, trainer.optimizer
+    before = [p.detach().clone() for p in fsdp.parameters()]
+    optimizer.zero_grad()
+    local = shard_batch(mlp_batch(BATCH, seed=0), rank, world_size)
+    optimizer.scale_loss(T.mse_loss(fsdp, local)).backward()
+    if rank == 0:
+        fsdp.units[0].shard.grad[0] = float("inf")
+    finite_here = grads_are_finite([p.grad for p in fsdp.parameters()])
+    stepped = optimizer.step()
+    unchanged = all(torch.equal(p, q) for p, q in zip(fsdp.parameters(), before))
+    return {
+        "finite_here": finite_here,
+        "stepped": stepped,
+        "unchanged": unchanged,
+        "scale": scaler.scale,
+    }
+
+
+def _gradients_and_clipping(rank, world_size):
+    """Per-name gradient pieces after backward, then after clip_grad_norm_ (2, inf, 1)."""
+
+    from distlab.models import GPT, GPTBlock, GPTConfig, gpt_batch
+    from distlab.parallel import FSDP, shard_batch
+    from distlab.parallel import training as T
+
+    config = GPTConfig(layers=1)
+    fsdp = FSDP(GPT(config, seed=1), wrap=(GPTBlock,))
+    local = shard_batch(gpt_batch(BATCH, config, seed=0), rank, world_size)
+    out = {"module_grads": [], "clipped": {}, "errors": []}
+
+    def backward():
+        fsdp.zero_grad()
+        T.lm_loss(fsdp, local).backward()
+
+    backward()
+    out["module_grads"] = [p.grad for p in fsdp.module.parameters()]
+    out["grads"] = {
+        name: (fsdp.shard_range(name), g.clone()) for name, g in fsdp.named_gradients().items()
+    }
+    for norm_type in (2.0, math.inf, 1.0):
+        backward()
+        total = fsdp.clip_grad_norm_(CLIP, norm_type=norm_type)
+        out["clipped"][norm_type] = (
+            float(total),
+            {n: g.clone() for n, g in fsdp.named_gradients().items()},
+        )
+    for bad in ({"max_norm": -1.0}, {"max_norm": 1.0, "norm_type": 0}, {"max_norm": "1"}):
+        try:
+            fsdp.clip_grad_norm_(**bad)
+        except ValueError as error:
+            out["errors"].append(str(error))
+    try:
+        fsdp.shard_range("no.such.weight")
+    except ValueError as error:
+        out["errors"].append(str(error))
+    try:
+        FSDP(GPT(config, seed=1), mixed_precision="bf16")
+    except TypeError as error:
+        out["errors"].append(str(error))
+    return out
+
+
+def _worker(rank, world_size):
+    import torch
+
+    torch.set_num_threads(1)  # one core per rank: deterministic kernels
+    return {
+        "fp32": _fp32_parity(world_size),
+        "mixed": _mixed_runs(world_size),
+        "overflow": _overflow_on_one_rank(rank, world_size),
+        "named": _gradients_and_clipping(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def results():
+    cache = {}
+
+    def get(world_size):
+        if world_size not in cache:
+            cache[world_size] = distlab.run(_worker, world_size, timeout=300)
+        return cache[world_size]
+
+    return get
+
+
+def _max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+# ----------------------------------------------------------- fp32 parity ----
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_fp32_fsdp_is_bitwise_equal_wherever_ddp_is(results, world_size):
+    """One rank: everything equals the whole-batch run. Two ranks: FSDP, DDP and the
+    two-micro-batch run are equal bit for bit, and DDP and FSDP miss the whole-batch
+    run by the same amount (a matmul's summation order, not FSDP). Three ranks:
+    equal to rounding (where the ring starts summing differs per element)."""
+    for rank_result in results(world_size):
+        fp32 = rank_result["fp32"]
+        for model in ("mlp", "gpt"):
+            whole, parts = fp32[(model, "whole")], fp32[(model, "parts")]
+            ddp_miss = _max_difference(fp32[(model, "ddp")], whole)
+            for run in ("ddp", "fsdp_ring", "fsdp_builtin_model", "fsdp_prefetch"):
+                params = fp32[(model, run)]
+                if world_size == 1:
+                    assert all(torch.equal(params[k], whole[k]) for k in whole), (model, run)
+                elif world_size == 2:
+                    assert all(torch.equal(params[k], parts[k]) for k in parts), (model, run)
+                    assert _max_difference(params, whole) == ddp_miss > 0, (model, run)
+                for key in whole:
+                    torch.testing.assert_close(params[key], whole[key], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------- mixed precision ----
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", ["torch.bfloat16", "torch.float16"])
+def test_mixed_precision_fsdp_equals_single_process_with_the_same_recipe(
+    results, world_size, dtype
+):
+    """Bit for bit on one rank (same arithmetic) and, on two, equal to DDP with the
+    same recipe; otherwise the mean weight difference stays far below lr. fp16
+    skips exactly the steps the single-process run skips."""
+    for rank_result in results(world_size):
+        single = rank_result["mixed"][(dtype, "single")]
+        ddp = rank_result["mixed"][(dtype, "bucketed_ddp")]
+        for name in ("fsdp", "fsdp_reduce_fp32"):
+            run = rank_result["mixed"][(dtype, name)]
+            assert run["shard_dtypes"] == {dtype} and run["master_dtypes"] == {"torch.float32"}
+            assert run["params"].keys() == single["params"].keys()
+            assert all(v.dtype == torch.float32 for v in run["params"].values())  # the masters
+            if world_size == 1:
+                assert all(
+                    torch.equal(run["params"][k], single["params"][k]) for k in run["params"]
+                )
+            if world_size == 2:
+                assert all(torch.equal(run["params"][k], ddp["params"][k]) for k in run["params"])
+            difference = torch.cat(
+                [(run["params"][k] - single["params"][k]).abs().flatten() for k in run["params"]]
+            )
+            assert difference.mean() < LR / 10, (name, difference.mean())
+            assert run["skipped"] == single["skipped"] == ddp["skipped"], name
+            assert run["scale"] == single["scale"], name
+        if dtype == "torch.float16":
+            assert single["skipped"][0] and not all(single["skipped"])  # the test has teeth
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fp16_overflow_skips_the_same_steps_on_every_rank(results, world_size):
+    per_rank = results(world_size)
+    for dtype_run in [("torch.float16", "fsdp"), ("torch.float16", "fsdp_reduce_fp32")]:
+        skipped = [r["mixed"][dtype_run]["skipped"] for r in per_rank]
+        assert all(s == skipped[0] for s in skipped) and any(skipped[0]), dtype_run
+        for r in per_rank[1:]:
+            params, first = r["mixed"][dtype_run]["params"], per_rank[0]["mixed"][dtype_run]
+            assert all(torch.equal(params[k], first["params"][k]) for k in params)
+    # The inf sits in rank 0's shard only: the other ranks' own gradients look finite,
+    # yet every rank skips the step, keeps its weights and halves the scale.
+    overflow = [r["overflow"] for r in per_rank]
+    assert [o["finite_here"] for o in overflow] == [False] + [True] * (world_size - 1)
+    assert all(not o["stepped"] and o["unchanged"] and o["scale"] == 2.0**7 for o in overflow)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_mixed_precision_memory_and_traffic_match_the_calculator(results, world_size):
+    """Per rank: the mixed_adam recipe at ZeRO stage 3, (2 + 2 + 12) Ψ / K bytes at
+    the padded count (16-bit shard and its gradient, fp32 master, Adam m and v). Bytes
+    sent per step: two 16-bit all-gathers and a reduce-scatter in the reduce dtype."""
+    for rank_result in results(world_size):
+        for dtype in ("torch.bfloat16", "torch.float16"):
+            for name, grad_bytes in (("fsdp", 2), ("fsdp_reduce_fp32", 4)):
+                run = rank_result["mixed"][(dtype, name)]
+                padded = model_state_bytes(
+                    run["padded"], recipe="mixed_adam", zero_stage=3, dp=world_size
+                )
+                exact = model_state_bytes(
+                    run["n_params"], recipe="mixed_adam", zero_stage=3, dp=world_size
+                )
+                measured = run["memory"]
+                assert (measured.parameters, measured.gradients, measured.optimizer_states) == (
+                    padded.parameters,
+                    padded.gradients,
+                    padded.optimizer_states,
+                ), (dtype, name, measured, padded)
+                slack = (run["padded"] - run["n_params"]) * get_recipe("mixed_adam").bytes_per_param
+                assert 0 <= measured.total - exact.total <= slack
+                expected = data_parallel_comm(
+                    run["padded"],
+                    dp=world_size,
+                    zero_stage=3,
+                    bytes_per_param=2,
+                    bytes_per_grad=grad_bytes,
+                ).total
+                assert run["sent"] == [expected] * MIXED_STEPS, (dtype, name, run["sent"])
+
+
+def test_a_policy_takes_only_floating_dtypes():
+    with pytest.raises(ValueError, match="param_dtype must be None or one of"):
+        MixedPrecisionPolicy(param_dtype=torch.int8)
+    with pytest.raises(ValueError, match="reduce_dtype"):
+        MixedPrecisionPolicy(reduce_dtype="fp32")
+
+
+# ---------------------------------------------- gradients by name, clip ----
+def _single_process_gradients(world_size):
+    """The GPT's gradients from the ranks' parts accumulated in one process."""
+    from distlab.models import GPT, GPTConfig, gpt_batch
+    from distlab.parallel import shard_batch
+    from distlab.parallel import training as T
+
+    config = GPTConfig(layers=1)
+    model = GPT(config, seed=1)
+
+    def backward():
+        model.zero_grad()
+        for r in range(world_size):
+            piece = shard_batch(gpt_batch(BATCH, config, seed=0), r, world_size)
+            (T.lm_loss(model, piece) / world_size).backward()
+
+    return model, backward
+
+
+def _whole(per_rank, name, pieces):
+    """A parameter's flattened gradient from the ranks' pieces, checking they tile it."""
+    stop = 0
+    for rank_result in per_rank:
+        (start, end), grad = pieces(rank_result)[name]
+        assert start == stop and end - start == grad.numel()
+        stop = end
+    return torch.cat([pieces(r)[name][1] for r in per_rank])
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_gradients_by_name_after_backward(results, world_size):
+    """Every parameter name (the tied embedding once) has its gradient shard; the
+    ranks' pieces tile each flattened gradient and equal single-process gradients
+    (bit for bit on one and two ranks). The wrapped module's .grad stays None."""
+    per_rank = results(world_size)
+    model, backward = _single_process_gradients(world_size)
+    backward()
+    reference = dict(model.named_parameters())
+    for rank_result in per_rank:
+        assert rank_result["named"]["module_grads"] == [None] * len(reference)
+        assert rank_result["named"]["grads"].keys() == reference.keys()
+    for name, p in reference.items():
+        whole = _whole(per_rank, name, lambda r: r["named"]["grads"])
+        assert whole.numel() == p.numel(), name
+        if world_size <= 2:
+            assert torch.equal(whole, p.grad.flatten()), name
+        torch.testing.assert_close(whole, p.grad.flatten(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("norm_type", [2.0, math.inf, 1.0])
+def test_clipping_across_shards_equals_clip_grad_norm(results, world_size, norm_type):
+    per_rank = results(world_size)
+    model, backward = _single_process_gradients(world_size)
+    backward()
+    total = float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, norm_type=norm_type))
+    assert total > 2 * CLIP  # clipping really scales the gradients
+    for rank_result in per_rank:
+        measured, _ = rank_result["named"]["clipped"][norm_type]
+        assert measured == per_rank[0]["named"]["clipped"][norm_type][0]  # one factor
+        assert measured == pytest.approx(total, rel=1e-6)
+    for name, p in model.named_parameters():
+        whole = _whole(
+            per_rank,
+            name,
+            lambda r, name=name: {
+                name: (r["named"]["grads"][name][0], r["named"]["clipped"][norm_type][1][name])
+            },
+        )
+        torch.testing.assert_close(whole, p.grad.flatten(), rtol=1e-5, atol=1e-8)
+
+
+def test_bad_clipping_and_policy_arguments_name_the_value(results):
+    errors = results(2)[0]["named"]["errors"]
+    assert "max_norm must be a positive finite number, got -1.0" in errors[0]
+    assert "norm_type must be a positive number or inf, got 0" in errors[1]
+    assert "got '1'" in errors[2]
+    assert "no trainable parameter 'no.such.weight'" in errors[3]
+    assert "mixed_precision must be a MixedPrecisionPolicy or None, got 'bf16'" in errors[4]
