@@ -373,8 +373,11 @@ class FSDP(nn.Module):
         for unit in self.units:
             start, stop = unit.group.shard_range
             for p, (a, b) in zip(unit.params, unit.group.offsets):
-                lo, hi = max(a, start), max(min(b, stop), max(a, start))
-                slices[names[id(p)]] = (unit, lo - start, hi - start, lo - a)
+                lo, hi = max(a, start), min(b, stop)
+                if lo < hi:
+                    slices[names[id(p)]] = (unit, lo - start, hi - start, lo - a)
+                else:  # owns none of it: an empty range before or after the owned part
+                    slices[names[id(p)]] = (unit, 0, 0, 0 if a >= stop else b - a)
         return slices
 
     def shard_range(self, name: str) -> tuple[int, int]:
