@@ -6,8 +6,9 @@ m, v and step. Three launches share the work:
 
 * 4 ranks train ZeRO-1 and FSDP, save sharded checkpoints, and report the
   whole state they saved;
-* 2 ranks train DDP (fp32, and fp16 with fp32 masters and a dynamic loss
-  scale), ZeRO-2 and FSDP for 2 steps, save full and sharded
+* 2 ranks train DDP and FSDP (fp32, and fp16 with fp32 masters and a
+  dynamic loss scale; FSDP's through its MixedPrecisionPolicy) and ZeRO-2
+  for 2 steps, save full and sharded
   checkpoints, and train 2 more steps (the uninterrupted run);
 * 2 fresh-state ranks (another model seed, another RNG seed) load each
   checkpoint and train the same 2 steps; they also read the 4-rank
@@ -28,22 +29,30 @@ METHODS = {
     "ddp_fp16": ("bucketed_ddp", {"fp16": True}),  # fp32 masters and a dynamic loss scale
     "zero2": ("zero2", {}),
     "fsdp": ("fsdp", {"wrap": "layer"}),
+    "fsdp_fp16": ("fsdp", {"wrap": "layer", "fp16": True}),  # masters of the shards
 }
-RESHARD = {"zero1": ("zero1", {}), "fsdp": ("fsdp", {"wrap": "layer"})}
+RESHARD = {
+    "zero1": ("zero1", {}),
+    "fsdp": ("fsdp", {"wrap": "layer"}),
+    "fsdp_fp16": ("fsdp", {"wrap": "layer", "fp16": True}),
+}
 
 
 def _setup(method, options, model_seed):
     import torch
 
     from distlab.models import GPT, GPTConfig
-    from distlab.parallel import DynamicLossScaler
+    from distlab.parallel import DynamicLossScaler, MixedPrecisionPolicy
     from distlab.parallel import training as T
 
     torch.set_num_threads(1)
     model = GPT(GPTConfig(layers=1, dropout=0.1), seed=model_seed)
     options = dict(options)
     if options.pop("fp16", False):  # a scale that doubles every step: its state matters
-        model = model.half()
+        if method == "fsdp":
+            options["mixed_precision"] = MixedPrecisionPolicy(param_dtype=torch.float16)
+        else:
+            model = model.half()
         options["loss_scaler"] = DynamicLossScaler(2.0**10, growth_interval=1)
     return T.build(method, model, algorithm="builtin", lr=1e-2, **options)
 
@@ -64,7 +73,25 @@ def _state(trainer):
     scaler = getattr(trainer.optimizer, "loss_scaler", None)
     if scaler is not None:
         out["loss_scaler"] = (scaler.scale, scaler.good_steps, scaler.skipped_steps)
-        out["model"] = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
+        out["model"] = _model_weights(trainer.model)
+    return out
+
+
+def _model_weights(model) -> dict:
+    """The 16-bit weights the model computes with, by name (FSDP's gathered from its shards)."""
+    import torch
+
+    from distlab.parallel import FSDP
+    from distlab.parallel.flat import named_parameter_index
+
+    if not isinstance(model, FSDP):
+        return {n: p.detach().clone() for n, p in model.module.named_parameters()}
+    names, out = named_parameter_index(model.module), {}
+    for unit in model.units:
+        full = torch.empty(unit.group.padded_numel, dtype=unit.shard.dtype)
+        model.comm.all_gather(full, unit.shard.detach())
+        for p, view in zip(unit.group.params, unit.group.views(full)):
+            out[names[id(p)]] = view.clone()
     return out
 
 
@@ -171,19 +198,21 @@ def test_resuming_without_the_rng_state_differs(runs):
     assert any(not torch.allclose(without[k], expected[k], atol=1e-6) for k in without)
 
 
-def test_a_mixed_precision_checkpoint_holds_the_fp32_masters_and_the_loss_scale(runs):
+@pytest.mark.parametrize("name", ["ddp_fp16", "fsdp_fp16"])
+def test_a_mixed_precision_checkpoint_holds_the_fp32_masters_and_the_loss_scale(runs, name):
     """The fp16 model is the rounding of its masters; saving the fp16 weights would
-    lose the low bits that the masters accumulate, and resumption would drift."""
+    lose the low bits that the masters accumulate, and resumption would drift.
+    FSDP's masters are those of its shards, gathered by name."""
     _, saved, _ = runs
-    state = saved[0]["ddp_fp16@save"]
+    state = saved[0][f"{name}@save"]
     assert all(v.dtype == torch.float32 for v in state["params"].values())
     assert any(not torch.equal(state["params"][n], w.float()) for n, w in state["model"].items())
-    for name, weight in state["model"].items():
+    for key, weight in state["model"].items():
         assert weight.dtype == torch.float16
-        assert torch.equal(state["params"][name].half(), weight)
+        assert torch.equal(state["params"][key].half(), weight)
     scale, good, skipped = state["loss_scaler"]  # doubles after each good step, halves on a skip
     assert good == 0 and scale == 2.0**10 * 2.0 ** (FIRST - skipped) * 0.5**skipped
-    assert saved[0]["ddp_fp16"]["loss_scaler"] != state["loss_scaler"]  # it kept changing
+    assert saved[0][name]["loss_scaler"] != state["loss_scaler"]  # it kept changing
 
 
 @pytest.mark.parametrize("name", list(RESHARD))
