@@ -250,3 +250,18 @@ def test_any_object_with_scale_and_update_is_a_loss_scaler():
     assert mine[2:] == library[2:]  # the same losses and skipped steps
     with pytest.raises(TypeError, match="update\\(found_inf\\)"):
         MixedPrecisionOptimizer(MLP(seed=0).half(), loss_scaler="dynamic")
+
+
+def test_a_model_with_sharded_gradients_decides_the_overflow_for_every_rank():
+    """FSDP offers any_rank(found_inf): an overflow on another rank's shard skips the
+    step here too, though this rank's own gradients are finite."""
+    x, y = mlp_batch(32, seed=1)
+    for others_overflowed in (True, False):
+        model = MLP(seed=0).half()
+        model.any_rank = lambda found_inf, other=others_overflowed: found_inf or other
+        scaler = DynamicLossScaler(2.0**8)
+        opt = MixedPrecisionOptimizer(model, loss_scaler=scaler, lr=1e-2)
+        opt.scale_loss(F.mse_loss(model(x.half()), y.half()).float()).backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+        assert opt.step() is not others_overflowed
+        assert scaler.skipped_steps == int(others_overflowed)
