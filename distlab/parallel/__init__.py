@@ -10,7 +10,7 @@ One idea per module, each short enough to read top to bottom:
 ``ddp``             :class:`NaiveDDP` and :class:`BucketedDDP` (overlap)
 ``ddp_timing``      naive against bucketed DDP, step times side by side
 ``accumulation``    K micro-batches, loss / K, communicate once
-``mixed_precision`` bf16/fp16 weights, fp32 masters, dynamic loss scaling
+``mixed_precision`` bf16/fp16 weights, fp32 masters, loss scale, FSDP's policy
 ``flat``            flat parameters cut into K shards
 ``zero``            :class:`ZeroOptimizer`: ZeRO stages 1 and 2
 ``fsdp``            :class:`FSDP`: ZeRO stage 3, per-unit gather and free

@@ -343,7 +343,9 @@ class FSDP(nn.Module):
 
     @property
     def masters(self) -> list[nn.Parameter]:
-        """The tensors the optimizer updates, one per flat group (here: the shards)."""
+        """This rank's shards, one per flat group: what a torch optimizer updates. A
+        ``MixedPrecisionOptimizer`` updates fp32 copies of them instead and rounds
+        back (see :class:`~distlab.parallel.checkpoint.FSDPMasters`)."""
         return [u.shard for u in self.units]
 
     def after_load(self) -> None:
