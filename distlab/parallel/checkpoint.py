@@ -185,38 +185,49 @@ def _gather_flat(owner, shard: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ full ----
 
 
+def _clone(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _replicated_full(parts: _Parts, optimizer) -> tuple[dict, dict]:
+    """(weights, optimizer state) by parameter name, of a replicated model."""
+    names = named_parameter_index(parts.module)
+    index, weights = _index_of(parts.inner), _weights(optimizer)
+    saved = parts.inner.state_dict()["state"]
+    params, optim = {}, {}
+    for p in parts.module.parameters():
+        name, w = names[id(p)], weights.get(id(p), p)
+        params[name] = w.detach().clone()
+        if index.get(id(w)) in saved:
+            optim[name] = {k: _clone(v) for k, v in saved[index[id(w)]].items()}
+    return params, optim
+
+
+def _flat_full(parts: _Parts) -> tuple[dict, dict]:
+    """(weights, optimizer state) by parameter name, gathered from the shards (collective)."""
+    names = named_parameter_index(parts.module)
+    params, optim = {}, {}
+    for group, master in zip(parts.owner.flat_groups, parts.owner.masters):
+        group_names = [names[id(p)] for p in group.params]
+        for name, view in zip(group_names, group.views(_gather_flat(parts.owner, master))):
+            params[name] = view.clone()
+        for key, value in parts.inner.state.get(master, {}).items():
+            if _per_element(value, master):
+                views = group.views(_gather_flat(parts.owner, value))
+            else:
+                views = [value] * len(group_names)
+            for name, view in zip(group_names, views):
+                optim.setdefault(name, {})[key] = _clone(view)
+    return params, optim
+
+
 def full_state(model, optimizer) -> dict:
     """The whole training state as per-name tensors, on every rank (collective)."""
-    owner, inner, module = _parts(model, optimizer)
-    names = named_parameter_index(module)
-    params: dict[str, torch.Tensor] = {}
-    optim: dict[str, dict] = {}
-    if owner is None:
-        index = _index_of(inner)
-        saved = inner.state_dict()["state"]
-        weights = _weights(optimizer)
-        for p in module.parameters():
-            w = weights.get(id(p), p)
-            params[names[id(p)]] = w.detach().clone()
-            if id(w) in index and index[id(w)] in saved:
-                optim[names[id(p)]] = {
-                    k: v.clone() if isinstance(v, torch.Tensor) else v
-                    for k, v in saved[index[id(w)]].items()
-                }
+    parts = _parts(model, optimizer)
+    if parts.owner is None:
+        params, optim = _replicated_full(parts, optimizer)
     else:
-        for group, master in zip(owner.flat_groups, owner.masters):
-            group_names = [names[id(p)] for p in group.params]
-            for name, view in zip(group_names, group.views(_gather_flat(owner, master))):
-                params[name] = view.clone()
-            for key, value in inner.state.get(master, {}).items():
-                if _per_element(value, master):
-                    views = group.views(_gather_flat(owner, value))
-                else:
-                    views = [value] * len(group_names)
-                for name, view in zip(group_names, views):
-                    optim.setdefault(name, {})[key] = (
-                        view.clone() if isinstance(view, torch.Tensor) else view
-                    )
+        params, optim = _flat_full(parts)
     _, world_size = world()
     rng = [None] * world_size
     if world_size > 1:
@@ -225,63 +236,68 @@ def full_state(model, optimizer) -> dict:
         rng = [torch.get_rng_state()]
     return {
         "params": params,
-        "buffers": {n: b.detach().clone() for n, b in module.named_buffers()},
+        "buffers": {n: b.detach().clone() for n, b in parts.module.named_buffers()},
         "optimizer": optim,
-        "hyperparameters": _hyperparameters(inner),
+        "hyperparameters": _hyperparameters(parts.inner),
         "rng": rng,
         "world_size": world_size,
         "loss_scaler": _scaler_state(optimizer),
     }
 
 
+def _load_replicated_full(state: dict, parts: _Parts, optimizer) -> dict[int, dict]:
+    """Copy the weights into a replicated model; return its optimizer state by index."""
+    names = named_parameter_index(parts.module)
+    index, weights = _index_of(parts.inner), _weights(optimizer)
+    loaded = {}
+    for p in parts.module.parameters():
+        name, w = names[id(p)], weights.get(id(p), p)
+        w.copy_(state["params"][name])
+        if w is not p:
+            p.copy_(w)  # the 16-bit model is the rounding of its master
+        if name in state["optimizer"] and id(w) in index:
+            loaded[index[id(w)]] = state["optimizer"][name]
+    return loaded
+
+
+def _load_flat_full(state: dict, parts: _Parts) -> dict[int, dict]:
+    """Copy this rank's shard of every group into its master; return the optimizer state."""
+    names = named_parameter_index(parts.module)
+    index = _index_of(parts.inner)
+    loaded = {}
+    for group, master in zip(parts.owner.flat_groups, parts.owner.masters):
+        group_names = [names[id(p)] for p in group.params]
+        flat = group.flatten([state["params"][n] for n in group_names], dtype=master.dtype)
+        master.copy_(group.shard_of(flat))
+        first_shape = state["params"][group_names[0]].shape
+        entry = {}
+        for key, value in state["optimizer"].get(group_names[0], {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape == first_shape:
+                per_name = [state["optimizer"][n][key] for n in group_names]
+                entry[key] = group.shard_of(group.flatten(per_name, dtype=value.dtype)).clone()
+            else:
+                entry[key] = value  # e.g. Adam's step counter
+        if entry:
+            loaded[index[id(master)]] = entry
+    return loaded
+
+
 def load_full_state(state: dict, model, optimizer) -> None:
     """Put a :func:`full_state` into this rank's model and optimizer (any world size)."""
-    owner, inner, module = _parts(model, optimizer)
-    names = named_parameter_index(module)
+    parts = _parts(model, optimizer)
     with torch.no_grad():
-        for name, buffer in module.named_buffers():
+        for name, buffer in parts.module.named_buffers():
             buffer.copy_(state["buffers"][name])
-        loaded: dict[int, dict] = {}
-        if owner is None:
-            index = _index_of(inner)
-            weights = _weights(optimizer)
-            for p in module.parameters():
-                name = names[id(p)]
-                w = weights.get(id(p), p)
-                w.copy_(state["params"][name])
-                if w is not p:
-                    p.copy_(w)  # the 16-bit model is the rounding of its master
-                if name in state["optimizer"] and id(w) in index:
-                    loaded[index[id(w)]] = state["optimizer"][name]
+        if parts.owner is None:
+            loaded = _load_replicated_full(state, parts, optimizer)
         else:
-            index = _index_of(inner)
-            for group, master in zip(owner.flat_groups, owner.masters):
-                group_names = [names[id(p)] for p in group.params]
-                flat = group.flatten([state["params"][n] for n in group_names], dtype=master.dtype)
-                master.copy_(group.shard_of(flat))
-                first = state["optimizer"].get(group_names[0], {})
-                first_shape = state["params"][group_names[0]].shape
-                entry = {}
-                for key, value in first.items():
-                    if (
-                        isinstance(value, torch.Tensor)
-                        and value.dim()
-                        and value.shape == first_shape
-                    ):
-                        per_name = [state["optimizer"][n][key] for n in group_names]
-                        entry[key] = group.shard_of(
-                            group.flatten(per_name, dtype=value.dtype)
-                        ).clone()
-                    else:
-                        entry[key] = value
-                if entry:
-                    loaded[index[id(master)]] = entry
-    _load_optimizer_state(inner, loaded)
+            loaded = _load_flat_full(state, parts)
+    _load_optimizer_state(parts.inner, loaded)
     _load_scaler_state(optimizer, state.get("loss_scaler"))
-    for group, hyper in zip(inner.param_groups, state["hyperparameters"]):
+    for group, hyper in zip(parts.inner.param_groups, state["hyperparameters"]):
         group.update(hyper)
-    if owner is not None:
-        owner.after_load()
+    if parts.owner is not None:
+        parts.owner.after_load()
     rank, world_size = world()
     if state["world_size"] == world_size:
         torch.set_rng_state(state["rng"][rank])
