@@ -409,6 +409,8 @@ class FSDP(nn.Module):
         Each rank computes its shard's part; an all-gather gives every rank
         all K parts, summed in rank order, so all ranks scale by the same
         factor. Returns ``N`` (collective: call it on every rank).
+        ``torch.nn.utils.clip_grad_norm_(fsdp.parameters(), ...)`` would see only
+        this rank's shards, a different norm on each rank.
         """
         if not _is_number(max_norm) or not 0 < max_norm < float("inf"):
             raise ValueError(f"max_norm must be a positive finite number, got {max_norm!r}")
