@@ -12,6 +12,17 @@ A deck is a folder of YAML files, one per topic (``flashcards/deck/<topic>.yaml`
         a: Markdown answer
         checks:                           # optional numeric checks (see flashcards.checks)
           - {expr: "calc.scaling.amdahl_speedup(0.05, 8)", value: 5.93, text: "5.9x"}
+      - id: cloze-ring-cost                 # a cloze note: Anki's {{c1::...}} deletions
+        type: cloze
+        tags: [collectives, core]
+        notebook: "03-algorithms-and-cost#ring"
+        text: Ring all-reduce costs {{c1::$2(n-1)\alpha$}} + {{c2::$2\frac{n-1}{n}N\beta$}}.
+        extra: Optional Markdown shown under the answer.
+
+A cloze note becomes one card per deletion number, with id ``<id>-c<n>`` (as Anki makes one
+card per number of a Cloze note); its ``q`` and ``a`` are the text with deletion ``n`` hidden
+and revealed (:func:`flashcards.render.cloze_front` / :func:`~flashcards.render.cloze_back`),
+so every reviewer (widget, terminal) shows it like any other card.
 
 The format is the contract in ``notes/deck_format.md``. Every problem is reported as a
 :class:`DeckError` naming the file, the card (id or position) and the field.
@@ -31,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from flashcards.render import cloze_back, cloze_front, cloze_inside_math, cloze_numbers
 
 DIFFICULTIES = ("basic", "core", "advanced")
 NOTEBOOK_FOLDERS = (
@@ -52,7 +65,10 @@ DECK_ENV_VAR = "DISTLAB_FLASHCARDS_DECK"
 
 _SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _ANCHOR = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-_CARD_KEYS = {"id", "tags", "notebook", "q", "a", "checks"}
+_CARD_KEYS = {"id", "type", "tags", "notebook", "q", "a", "text", "extra", "checks"}
+CARD_TYPES = ("basic", "cloze")
+_FIELDS_OF_TYPE = {"basic": ("q", "a"), "cloze": ("text",)}
+_OPTIONAL_OF_TYPE = {"basic": (), "cloze": ("extra",)}
 _CHECK_KEYS = {"expr", "value", "rel_tol", "text"}
 _FILE_KEYS = {"topic", "title", "cards"}
 _ID_BITS = 52  # exact in a JSON double, so ids survive JavaScript and every JSON tool
@@ -96,6 +112,14 @@ class Card:
     checks: tuple[Check, ...] = ()
     source: Path | None = field(default=None, compare=False)
     index: int = field(default=0, compare=False)
+    kind: str = "basic"  # or "cloze"
+    note: str = ""  # the deck entry's id: the slug, or a cloze note's id for its cards
+    cloze: str = ""  # a cloze note's text with every {{cN::...}} deletion
+    extra: str = ""  # a cloze note's optional extra text
+
+    def __post_init__(self) -> None:
+        if not self.note:
+            object.__setattr__(self, "note", self.slug)
 
     @property
     def notebook_folder(self) -> str:
@@ -235,13 +259,14 @@ def load_card_file(path: str | os.PathLike) -> tuple[str, str, list[Card]]:
     cards = []
     slugs: dict[str, int] = {}
     for index, raw in enumerate(raw_cards, start=1):
-        card = _parse_card(raw, path=path, index=index, topic=topic)
-        if card.slug in slugs:
-            raise DeckError(
-                f"{path}: duplicate card id {card.slug!r} (cards #{slugs[card.slug]} and #{index})"
-            )
-        slugs[card.slug] = index
-        cards.append(card)
+        for card in _parse_card(raw, path=path, index=index, topic=topic):
+            if card.slug in slugs:
+                raise DeckError(
+                    f"{path}: duplicate card id {card.slug!r} "
+                    f"(cards #{slugs[card.slug]} and #{index})"
+                )
+            slugs[card.slug] = index
+            cards.append(card)
     return topic, title, cards
 
 
@@ -249,7 +274,8 @@ def _where(card: Card) -> str:
     return f"{card.source} (card #{card.index})"
 
 
-def _parse_card(raw: Any, *, path: Path, index: int, topic: str) -> Card:
+def _parse_card(raw: Any, *, path: Path, index: int, topic: str) -> list[Card]:
+    """The cards of one deck entry: one for a basic card, one per deletion of a cloze note."""
     where = f"{path}: card #{index}"
     if not isinstance(raw, dict):
         raise DeckError(f"{where}: expected a mapping with fields {sorted(_CARD_KEYS)}")
@@ -284,25 +310,69 @@ def _parse_card(raw: Any, *, path: Path, index: int, topic: str) -> Card:
             "notebook",
             f"is {notebook!r}; expected '<folder>#<section>' with folder one of {NOTEBOOK_FOLDERS}",
         )
+    kind = raw.get("type", "basic")
+    if kind not in CARD_TYPES:
+        raise fail("type", f"is {kind!r}; allowed: {CARD_TYPES}")
     texts = {}
-    for name in ("q", "a"):
+    for name in _FIELDS_OF_TYPE[kind] + _OPTIONAL_OF_TYPE[kind]:
         value = raw.get(name)
+        if value is None and name in _OPTIONAL_OF_TYPE[kind]:
+            continue
         if not isinstance(value, str) or not value.strip():
             raise fail(name, f"must be non-empty Markdown text, got {value!r}")
         texts[name] = value.strip()
-    checks = _parse_checks(raw.get("checks", []), fail=fail, q=texts["q"], a=texts["a"])
-    return Card(
-        slug=slug,
-        card_id=card_id_for(slug),
-        topic=topic,
-        tags=tuple(tags),
-        notebook=notebook,
-        q=texts["q"],
-        a=texts["a"],
-        checks=checks,
-        source=path,
-        index=index,
-    )
+    for name in sorted(set(raw) & {"q", "a", "text", "extra"}):
+        if name not in texts:
+            raise fail(name, f"is not a field of a {kind} card; it has {_FIELDS_OF_TYPE[kind]}")
+    common = {
+        "topic": topic,
+        "tags": tuple(tags),
+        "notebook": notebook,
+        "source": path,
+        "index": index,
+    }
+    if kind == "basic":
+        checks = _parse_checks(raw.get("checks", []), fail=fail, q=texts["q"], a=texts["a"])
+        return [
+            Card(
+                slug=slug,
+                card_id=card_id_for(slug),
+                q=texts["q"],
+                a=texts["a"],
+                checks=checks,
+                **common,
+            )
+        ]
+    return _cloze_cards(raw, slug, texts["text"], texts.get("extra", ""), fail, common)
+
+
+def _cloze_cards(raw: dict, slug: str, text: str, extra: str, fail, common: dict) -> list[Card]:
+    numbers = cloze_numbers(text)
+    if not numbers:
+        raise fail("text", "has no cloze deletion; write one as {{c1::answer}}")
+    inside = cloze_inside_math(text)
+    if inside is not None:
+        raise fail("text", f"has the deletion {inside!r} inside a formula; wrap whole formulas")
+    checks = _parse_checks(raw.get("checks", []), fail=fail, q=text, a=extra or text)
+    cards = []
+    for number in numbers:
+        card_slug = f"{slug}-c{number}"
+        back = cloze_back(text, number) + (f"\n\n{extra}" if extra else "")
+        cards.append(
+            Card(
+                slug=card_slug,
+                card_id=card_id_for(card_slug),
+                q=cloze_front(text, number),
+                a=back,
+                checks=checks,
+                kind="cloze",
+                note=slug,
+                cloze=text,
+                extra=extra,
+                **common,
+            )
+        )
+    return cards
 
 
 def _parse_checks(raw: Any, *, fail, q: str, a: str) -> tuple[Check, ...]:

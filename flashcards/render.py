@@ -8,6 +8,11 @@ emphasis, and put back HTML-escaped between the delimiters the target expects:
 Which ``$`` open math follows Pandoc's ``tex_math_dollars`` rule: the opening ``$`` has a
 non-space character right after it, the closing ``$`` a non-space character right before
 it and no digit right after it, so "$5 and $10" stays text. ``\\$`` is a literal dollar.
+
+Cloze cards use Anki's syntax, ``{{c1::answer}}`` or ``{{c1::answer::hint}}``: the card for
+deletion ``n`` shows every other deletion's answer, hides deletion ``n`` as ``[...]`` (or
+``[hint]``) on the front and shows it in bold on the back (:func:`cloze_front`,
+:func:`cloze_back`). A deletion wraps whole formulas (``{{c1::$2(n-1)$}}``), never part of one.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from functools import lru_cache
 from markdown_it import MarkdownIt
 
 _PLACEHOLDER = "DLMATH{}X"
+CLOZE = re.compile(r"\{\{c(\d+)::(.*?)(?:::([^{}]*?))?\}\}", re.DOTALL)
 _PLACEHOLDER_RE = re.compile(r"DLMATH(\d+)X")
 
 
@@ -172,3 +178,39 @@ def to_terminal(text: str) -> str:
         else:
             out.append(f"\n\n    {tex_to_text(content)}\n\n")
     return "".join(out)
+
+
+def cloze_numbers(text: str) -> list[int]:
+    """The deletion numbers of a cloze text, sorted: ``[1, 2]`` for ``{{c1::a}} {{c2::b}}``."""
+    return sorted({int(m.group(1)) for m in CLOZE.finditer(text)})
+
+
+def cloze_front(text: str, number: int) -> str:
+    """The question side of deletion ``number``: it becomes ``[...]`` (or ``[hint]``)."""
+    return CLOZE.sub(
+        lambda m: f"[{m.group(3) or '...'}]" if int(m.group(1)) == number else m.group(2), text
+    )
+
+
+def cloze_back(text: str, number: int) -> str:
+    """The answer side of deletion ``number``: its answer in bold, the rest as written."""
+    return CLOZE.sub(
+        lambda m: f"**{m.group(2)}**" if int(m.group(1)) == number else m.group(2), text
+    )
+
+
+def cloze_inside_math(text: str) -> str | None:
+    """The first deletion that starts or ends inside a formula (``$x = {{c1::2}}$``), else None;
+    such a deletion would break the formula when hidden or set in bold."""
+    found: list[str] = []
+
+    def mark(match: re.Match) -> str:
+        found.append(match.group(0))
+        tag = f"DLCLOZE{len(found) - 1}X"
+        return f"{tag}{match.group(2)}{tag}"
+
+    for kind, content in split_math(CLOZE.sub(mark, text)):
+        hit = re.search(r"DLCLOZE(\d+)X", content) if kind != "text" else None
+        if hit:
+            return found[int(hit.group(1))]
+    return None

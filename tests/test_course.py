@@ -22,6 +22,10 @@ ROOT = grading.find_course_root()
 ASSIGNMENTS = grading.assignment_names(ROOT)
 NOTEBOOKS = [(a, nb.stem) for a in ASSIGNMENTS for nb in grading.source_notebooks(ROOT, a)]
 REGENERATE = 'nbgrader generate_assignment "*" --create --force'
+# Issue 11: notebook 04 with only Exercise 2 solved must earn Exercise 2's points; its test
+# builds BucketDDP with the reference bucket assignment instead of Exercise 1's.
+PARTIAL_ASSIGNMENT, PARTIAL_NOTEBOOK = "04-data-parallelism", "04-data-parallelism"
+PARTIAL_SOLVED, PARTIAL_SCORED = {"bucket-ddp"}, "test-bucket-ddp"
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -38,8 +42,27 @@ def course(tmp_path_factory) -> Path:
         grading.submit(
             course_dir, "untouched", assignment, course_dir / "course" / assignment / notebook
         )
+    partial = tmp_path_factory.mktemp("partial") / f"{PARTIAL_NOTEBOOK}.ipynb"
+    _solve_only(PARTIAL_SOLVED, course_dir / "course" / PARTIAL_ASSIGNMENT / partial.name, partial)
+    grading.submit(course_dir, "partial", PARTIAL_ASSIGNMENT, partial)
     grading.autograde(course_dir)
     return course_dir
+
+
+def _solve_only(grade_ids: set[str], released: Path, out: Path) -> None:
+    """A copy of a released notebook with only the solution cells ``grade_ids`` filled in."""
+    nb = nbformat.read(released, as_version=4)
+    source = nbformat.read(ROOT / "solutions" / released.parent.name / released.name, as_version=4)
+    solved = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source.cells if _solution(c)}
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in grade_ids:
+            cell.source = solved[grade_id]
+    nbformat.write(nb, out)
+
+
+def _solution(cell) -> bool:
+    return bool(cell.metadata.get("nbgrader", {}).get("solution"))
 
 
 def _cells(path: Path) -> list[tuple]:
@@ -79,6 +102,26 @@ def test_every_exercise_has_solution_visible_and_hidden_tests(assignment, name):
         assert end and hidden_code.strip(), f"{meta['grade_id']}: no hidden test"
         assert cell.metadata["distlab"]["exercise"], meta["grade_id"]
         assert cell.metadata["distlab"]["flashcards"].startswith(f"{assignment}#"), meta["grade_id"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [ROOT / d / a / f"{n}.ipynb" for d in ("solutions", "course") for a, n in NOTEBOOKS],
+    ids=lambda p: f"{p.parent.parent.name}/{p.stem}",
+)
+def test_notebook_stores_the_metadata_the_kernel_writes(path):
+    """JupyterLab marks a notebook "unsaved" as soon as the kernel's ``language_info`` differs
+    from the stored one; store what ipykernel writes (the Python ``version`` may differ between
+    environments, so only its form is checked)."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    meta = nbformat.read(path, as_version=4).metadata
+    assert meta.get("kernelspec", {}).get("name") == "python3", meta.get("kernelspec")
+    written = dict(IPythonKernel.language_info)
+    stored = dict(meta.get("language_info", {}))
+    assert re.fullmatch(r"3\.\d+\.\d+", str(stored.pop("version", ""))), meta["language_info"]
+    written.pop("version")
+    assert stored == written, f"{path}: language_info {stored} is not what the kernel writes"
 
 
 @pytest.mark.parametrize("assignment,name", NOTEBOOKS)
@@ -165,6 +208,14 @@ def test_untouched_notebook_runs_to_the_end_and_scores_zero(course, assignment, 
     for exercise in grade.exercises:
         assert exercise.points == 0, f"{exercise.title} scores without a solution"
         assert exercise.failure and "NotImplementedError" in exercise.failure, exercise.failure
+
+
+def test_partial_solution_earns_its_exercises_points(course):
+    grade = grading.read_grade(course, "partial", PARTIAL_ASSIGNMENT, PARTIAL_NOTEBOOK)
+    scores = {e.grade_id: (e.points, e.max_points, e.failure) for e in grade.exercises}
+    points, max_points, failure = scores.pop(PARTIAL_SCORED)
+    assert points == max_points > 0, f"{PARTIAL_SCORED} scores {points}/{max_points}: {failure}"
+    assert all(p == 0 for p, _, _ in scores.values()), f"unsolved exercises score: {scores}"
 
 
 @pytest.mark.parametrize("assignment,name", NOTEBOOKS[:1])

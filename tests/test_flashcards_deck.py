@@ -7,6 +7,8 @@ Run only these with ``pytest tests/test_flashcards_deck.py``.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from flashcards.checks import run_check
@@ -46,7 +48,7 @@ def test_every_stated_text_is_in_its_card():
     missing = [
         f"{card.source} {card.slug}: {check.text!r}"
         for card, _, check in CHECKS
-        if check.text not in card.q and check.text not in card.a
+        if not any(check.text in text for text in (card.q, card.a, card.cloze))
     ]
     assert not missing, "check texts not found in q or a:\n" + "\n".join(missing)
 
@@ -58,3 +60,90 @@ def test_deck_number(card, index, check):
     result = run_check(card, check)
     if not result.ok:
         pytest.fail(result.message(), pytrace=False)
+
+
+# ------------------------------------------------------------- one card, one question ---
+# Issue 11: a card that asks several things is reviewed as one rating, so the learner cannot
+# tell the scheduler which part they forgot. The heuristic below flags a basic card when
+#   1. its question asks two questions: two "?" outside math and code, or a second question
+#      joined by ", and what / which / how many / how much / how big / where / when";
+#   2. it asks for three or more values: three or more numeric checks with different texts;
+#   3. its answer is a list of six or more items: six or more bullet lines, or a first sentence
+#      (parenthesised asides left out) of six or more items separated by commas or semicolons,
+#      counting a closing "and" / "or" item.
+# "What is X, and why?" passes on purpose: the why is the explanation of the one fact asked.
+# Cloze cards ask one deletion per card and are not checked. Formulas and layouts with many
+# parts belong in cloze cards (type: cloze), one deletion per part.
+_SECOND_QUESTION = re.compile(
+    r"[,;]\s*and\s+(?:what|which|how many|how much|how big|where|when)\b", re.IGNORECASE
+)
+
+
+def _without_math_and_code(text: str) -> str:
+    text = re.sub(r"\$\$.*?\$\$", "M", text, flags=re.DOTALL)
+    text = re.sub(r"\$[^$]*\$", "M", text)
+    return re.sub(r"`[^`]*`", "C", text)
+
+
+def _first_sentence(text: str) -> str:
+    paragraph = _without_math_and_code(text).split("\n\n")[0]
+    paragraph = " ".join(re.sub(r"\([^()]*\)", "", paragraph).split())
+    return re.split(r"(?<=[.!])\s", paragraph)[0]
+
+
+def asks_more_than_one_thing(card) -> list[str]:
+    """Why ``card`` asks more than one thing (empty if it asks one), by the heuristic above."""
+    if card.kind == "cloze":
+        return []
+    why = []
+    q = _without_math_and_code(card.q)
+    if q.count("?") >= 2 or _SECOND_QUESTION.search(q):
+        why.append("asks two questions")
+    values = {check.text for check in card.checks}
+    if len(values) >= 3:
+        why.append(f"asks for {len(values)} values")
+    sentence = _first_sentence(card.a)
+    items = 1 + len(re.findall(r"[,;]", sentence))
+    items += 1 if re.search(r",[^,;]* (?:and|or) ", sentence) else 0
+    bullets = len(re.findall(r"^\s*(?:[-*]|\d+\.)\s", card.a, re.MULTILINE))
+    if max(items, bullets) >= 6:
+        why.append(f"lists {max(items, bullets)} items")
+    return why
+
+
+@pytest.mark.parametrize(
+    ("q", "a", "checks", "flagged"),
+    [
+        ("What is X? And why?", "x", 0, True),
+        ("Ring all-reduce: how many steps, and how big is each message?", "x", 0, True),
+        ("What is gang scheduling, and why does a job need it?", "x", 0, False),
+        ("Amdahl speedup on 8, 64 and 256 GPUs?", "x", 3, True),
+        ("Which variables does torchrun set?", "`A`, `B`, `C`, `D`, `E` and `F`.", 0, True),
+        ("Which variables does torchrun set?", "`A`, `B` and `C` (and `D`, `E`, `F`).", 0, False),
+        ("What is $f(a, b)$? $x?$", "- a\n- b\n- c\n- d\n- e\n- f", 0, True),
+        ("How many bytes does Adam keep per parameter?", "16: 2 + 2 + 12.", 2, False),
+    ],
+)
+def test_the_one_question_heuristic(q, a, checks, flagged):
+    from flashcards.model import Card, Check
+
+    card = Card(
+        slug="x",
+        card_id=1,
+        topic="t",
+        tags=("t", "core"),
+        notebook="02-collectives",
+        q=q,
+        a=a,
+        checks=tuple(Check(expr="1", value=1, text=f"v{i}") for i in range(checks)),
+    )
+    assert bool(asks_more_than_one_thing(card)) is flagged, asks_more_than_one_thing(card)
+
+
+def test_every_card_asks_one_thing():
+    assert DECK is not None, DECK_ERROR
+    flagged = {c.slug: asks_more_than_one_thing(c) for c in DECK}
+    flagged = {slug: why for slug, why in flagged.items() if why}
+    assert not flagged, "cards that ask more than one thing (split them, or make them cloze):\n" + (
+        "\n".join(f"{slug}: {', '.join(why)}" for slug, why in flagged.items())
+    )

@@ -179,3 +179,79 @@ def test_file_level_errors_name_the_file(tmp_path):
         load_deck(tmp_path)
     with pytest.raises(DeckError, match="no such deck folder"):
         load_deck(tmp_path / "missing")
+
+
+# ------------------------------------------------------------------ cloze notes ---
+CLOZE_NOTE = r"""  - id: ring-cost
+    type: cloze
+    tags: [alpha, core]
+    notebook: "03-algorithms-and-cost#ring"
+    text: |
+      Ring all-reduce on $n$ ranks: {{c1::$2(n-1)$}} steps, each rank sends
+      {{c2::$2\frac{n-1}{n}N$::bytes}}; {{c1::$n-1$}} of them reduce.
+    extra: Thakur et al. 2005.
+    checks:
+      - {expr: "2 * (8 - 1)", value: 14, text: "2(n-1)"}
+"""
+
+
+def test_cloze_note_becomes_one_card_per_deletion(tmp_path):
+    write_topic(tmp_path, "alpha", CLOZE_NOTE)
+    first, second = load_deck(tmp_path).cards
+    assert (first.slug, second.slug) == ("ring-cost-c1", "ring-cost-c2")
+    assert first.card_id == card_id_for("ring-cost-c1") and first.note == second.note == "ring-cost"
+    assert first.kind == "cloze" and first.checks == second.checks and len(first.checks) == 1
+    # c1 hides both of its deletions and shows c2's answer; the back bolds c1 and adds extra
+    assert first.q.count("[...]") == 2 and r"$2\frac{n-1}{n}N$" in first.q
+    assert "**$2(n-1)$**" in first.a and "**$n-1$**" in first.a
+    assert first.a.endswith("Thakur et al. 2005.")
+    assert "[bytes]" in second.q and "$2(n-1)$ steps" in second.q and "{{" not in second.q
+
+
+def test_a_basic_card_keeps_its_note_and_kind(tmp_path):
+    write_topic(tmp_path, "alpha", GOOD_CARD.format(id="plain", topic="alpha"))
+    (card,) = load_deck(tmp_path).cards
+    assert (card.kind, card.note, card.cloze) == ("basic", "plain", "")
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "words"),
+    [
+        ("type: cloze\n    text: no deletion here", "'text'", "no cloze deletion"),
+        ("type: cloze\n    text: '$x = {{c1::2}}$'", "'text'", "inside a formula"),
+        ("type: cloze\n    text: '{{c1::a}}'\n    q: why?", "'q'", "not a field of a cloze"),
+        ("type: basic\n    q: x\n    a: y\n    text: '{{c1::a}}'", "'text'", "not a field"),
+        ("type: quiz\n    q: x\n    a: y", "'type'", "allowed"),
+    ],
+)
+def test_malformed_cloze_names_the_field(tmp_path, entry, field, words):
+    card = f"  - id: c1\n    tags: [alpha, core]\n    notebook: '02-collectives'\n    {entry}\n"
+    write_topic(tmp_path, "alpha", card)
+    with pytest.raises(DeckError) as err:
+        load_deck(tmp_path)
+    assert field in str(err.value) and words in str(err.value)
+
+
+def test_cloze_notes_export_as_anki_cloze_notes(tmp_path):
+    import sqlite3
+    import zipfile
+
+    from flashcards.anki import CLOZE_MODEL_ID, MODEL_ID, export_apkg, note_guid
+
+    write_topic(tmp_path, "alpha", CLOZE_NOTE + GOOD_CARD.format(id="plain", topic="alpha"))
+    deck = load_deck(tmp_path)
+    path = export_apkg(deck, tmp_path / "out" / "deck.apkg", timestamp=0)
+    with zipfile.ZipFile(path) as z:
+        (tmp_path / "collection.sqlite").write_bytes(z.read("collection.anki2"))
+    conn = sqlite3.connect(tmp_path / "collection.sqlite")
+    notes = conn.execute("SELECT guid, mid, flds FROM notes ORDER BY id").fetchall()
+    cards = conn.execute("SELECT nid, ord FROM cards ORDER BY ord").fetchall()
+    conn.close()
+    assert [(n[0], n[1]) for n in notes] == [
+        (note_guid(deck.by_slug("ring-cost-c1")), CLOZE_MODEL_ID),
+        (note_guid(deck.by_slug("plain")), MODEL_ID),
+    ]
+    text, extra, notebook, note_id = notes[0][2].split("\x1f")
+    assert "{{c1::\\(2(n-1)\\)}}" in text and "{{c2::" in text and "::bytes}}" in text
+    assert "Thakur" in extra and note_id == "ring-cost" and notebook.endswith("#ring")
+    assert sorted(ord_ for _, ord_ in cards) == [0, 0, 1]  # Anki: one card per cloze number

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from flashcards.render import split_math, tex_to_text, to_html, to_terminal
+from flashcards.render import (
+    cloze_back,
+    cloze_front,
+    cloze_inside_math,
+    cloze_numbers,
+    split_math,
+    tex_to_text,
+    to_html,
+    to_terminal,
+)
 
 
 def test_inline_and_display_math_get_mathjax_delimiters():
@@ -33,3 +42,16 @@ def test_raw_html_in_cards_is_escaped():
 def test_terminal_rendering_reads_simple_tex():
     assert tex_to_text(r"\frac{n-1}{n} \cdot N \approx \sqrt{2}") == "(n-1)/(n) · N ≈ √(2)"
     assert to_terminal("send $2\\frac{n-1}{n}N$") == "send `2(n-1)/(n)N`"
+
+
+def test_cloze_front_hides_one_deletion_and_back_shows_it():
+    text = "Adam keeps {{c1::16}} bytes: {{c2::12::how many?}} of them optimizer state."
+    assert cloze_numbers(text) == [1, 2]
+    assert cloze_front(text, 1) == "Adam keeps [...] bytes: 12 of them optimizer state."
+    assert cloze_front(text, 2) == "Adam keeps 16 bytes: [how many?] of them optimizer state."
+    assert cloze_back(text, 2) == "Adam keeps 16 bytes: **12** of them optimizer state."
+    assert "<strong>12</strong>" in to_html(cloze_back(text, 2))
+    formula = "Ring: {{c1::$2(n-1)\\alpha$}}"
+    assert to_terminal(cloze_back(formula, 1)) == "Ring: **`2(n-1)α`**"
+    assert cloze_inside_math(formula) is None
+    assert cloze_inside_math("$T = {{c1::2(n-1)}}\\alpha$") == "{{c1::2(n-1)}}"

@@ -161,3 +161,6 @@ SYSTEMS = (DGX_A100, DGX_H100)
 #: Most Hopper GPUs one NVLink Switch System joins into a single NVLink domain
 #: (H100 whitepaper, NVLink Switch System).
 NVLINK_SWITCH_SYSTEM_MAX_GPUS = 256
+#: Most GPUs fifth-generation NVLink switches join into one NVLink domain (NVIDIA NVLink
+#: and NVLink Switch product page, 2024: "up to 576 GPUs"); a GB200 NVL72 rack is 72 of them.
+NVLINK5_SWITCH_MAX_GPUS = 576

@@ -292,6 +292,42 @@ IB_HDR = Link("InfiniBand HDR 200 Gb/s", alpha=5e-6, bandwidth=25 * GB)
 IB_NDR = Link("InfiniBand NDR 400 Gb/s", alpha=5e-6, bandwidth=50 * GB)
 ETH_100G = Link("100 Gb Ethernet (TCP)", alpha=30e-6, bandwidth=12.5 * GB)
 
+_LATENCY_GUESS = (
+    "assumption: an order of magnitude for one NCCL message end to end (software included), "
+    "not a measurement; fit it to your runs with distlab.sim.fit"
+)
+#: Where each preset link's two figures come from: ``"source: ..."`` (a data sheet, see
+#: :mod:`distlab.sim.hardware`) or ``"assumption: ..."`` (a model parameter nobody published).
+LINK_SOURCES: dict[str, dict[str, str]] = {
+    NVLINK3.name: {
+        "alpha": _LATENCY_GUESS,
+        "bandwidth": "source: hardware.NVLINK3 (A100 whitepaper)",
+    },
+    NVLINK4.name: {
+        "alpha": _LATENCY_GUESS,
+        "bandwidth": "source: hardware.NVLINK4 (H100 whitepaper)",
+    },
+    NVLINK5.name: {
+        "alpha": _LATENCY_GUESS,
+        "bandwidth": "source: hardware.NVLINK5 (NVLink product page)",
+    },
+    PCIE4_NEAR.name: {
+        "alpha": _LATENCY_GUESS,
+        "bandwidth": "assumption: achieved peer-to-peer rate, about 80% of hardware.PCIE4's"
+        " 31.5 GB/s raw x16",
+    },
+    PCIE4_FAR.name: {
+        "alpha": _LATENCY_GUESS,
+        "bandwidth": "assumption: about half the same-switch rate across the CPU sockets",
+    },
+    IB_HDR.name: {"alpha": _LATENCY_GUESS, "bandwidth": "source: hardware.IB_HDR (IBTA roadmap)"},
+    IB_NDR.name: {"alpha": _LATENCY_GUESS, "bandwidth": "source: hardware.IB_NDR (IBTA roadmap)"},
+    ETH_100G.name: {
+        "alpha": _LATENCY_GUESS,
+        "bandwidth": "source: hardware.ETHERNET_100G (IEEE 802.3)",
+    },
+}
+
 PRESETS: dict[str, ClusterSpec] = {
     "dgx-a100": ClusterSpec(
         "dgx-a100",
