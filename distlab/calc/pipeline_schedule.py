@@ -1,0 +1,495 @@
+"""Pipeline schedules as data: one type that is executed, simulated, counted and drawn.
+
+A schedule is, for each of the p ranks, the ordered list of actions it runs.
+An action is a kind, a model chunk and a micro-batch, written ``{chunk}{kind}{micro_batch}``:
+
+======  ==========================================================  ============
+kind    what the rank does                                          example
+======  ==========================================================  ============
+``F``   forward of the micro-batch through the chunk                ``0F3``
+``B``   whole backward (input and weight gradients)                 ``0B3``
+``I``   backward for the input gradient only (ZB's "B")             ``1I0``
+``W``   backward for the weight gradients only (ZB's "W")           ``1W0``
+``SF``  send the chunk's output activation to the next stage        ``0SF3``
+``RF``  receive the chunk's input activation from the previous one  ``0RF3``
+``SB``  send the input gradient to the previous stage               ``0SB3``
+``RB``  receive the output gradient from the next stage             ``0RB3``
+======  ==========================================================  ============
+
+This is torchtitan's ``0F0``/``0B0``/``0W0`` notation with our own names for
+the split backward (Qi et al. 2024, "Zero Bubble Pipeline Parallelism",
+call the input-gradient pass B; we call it ``I`` so that ``B`` always means
+the whole backward). Chunk c of rank r is virtual stage ``j = c p + r``
+(Narayanan et al. 2021, Section 2.2.2), so with one chunk rank r is stage r.
+
+Schedules are usually written with compute actions only; the sends and
+receives are implied by the dependencies, and :func:`with_communication`
+inserts them (a receive just before the action that needs it, a
+non-blocking send just after the action that produced it). A hand-written
+schedule may also spell them out; :func:`check` then also proves that every
+send has its receive.
+
+``str(schedule)`` prints one line per rank, ``"rank 0: 0F0 0F1 0B0 0B1"``,
+and :meth:`Schedule.parse` reads that text back, so a student can write a
+schedule by hand and have it checked, simulated and run.
+
+Pure Python (no torch): :mod:`distlab.calc.pipeline` counts bubbles with it,
+:mod:`distlab.sim.pipeline` adds link costs, :mod:`distlab.parallel.pipeline`
+runs it on real processes, :mod:`distlab.viz.pipeline_plots` draws it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ._validate import fraction, positive_int
+
+COMPUTE_KINDS = ("F", "B", "I", "W")
+COMM_KINDS = ("SF", "RF", "SB", "RB")
+KINDS = COMPUTE_KINDS + COMM_KINDS
+_ACTION = re.compile(r"^(\d+)(SF|RF|SB|RB|F|B|I|W)(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    """One step of one rank: ``kind`` (see the module table) of ``micro_batch`` through ``chunk``."""
+
+    chunk: int
+    kind: str
+    micro_batch: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown action kind {self.kind!r}; allowed: {', '.join(KINDS)}")
+        for name in ("chunk", "micro_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"action {name} must be an integer >= 0, got {value!r}")
+
+    def __str__(self) -> str:
+        return f"{self.chunk}{self.kind}{self.micro_batch}"
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """``Action.parse("1B3")`` is chunk 1, backward, micro-batch 3."""
+        match = _ACTION.match(text.strip())
+        if match is None:
+            raise ValueError(
+                f"cannot read action {text!r}; write chunk, kind, micro-batch, e.g. '0F3' or "
+                f"'1SB0' (kinds: {', '.join(KINDS)})"
+            )
+        return cls(int(match[1]), match[2], int(match[3]))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``ranks[r]`` is rank r's actions in order; ``chunks`` (v) model chunks per rank."""
+
+    ranks: tuple[tuple[Action, ...], ...]
+    chunks: int = 1
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ValueError("a schedule needs at least one rank's actions")
+        positive_int("chunks", self.chunks)
+        object.__setattr__(self, "ranks", tuple(tuple(r) for r in self.ranks))
+
+    @property
+    def stages(self) -> int:
+        """p, the number of ranks."""
+        return len(self.ranks)
+
+    @property
+    def micro_batches(self) -> int:
+        """m: one more than the largest micro-batch index used."""
+        return 1 + max((a.micro_batch for r in self.ranks for a in r), default=-1)
+
+    def virtual_stage(self, rank: int, chunk: int) -> int:
+        """j = chunk * p + rank (Narayanan et al. 2021, Section 2.2.2)."""
+        return chunk * self.stages + rank
+
+    def rank_of(self, virtual_stage: int) -> int:
+        return virtual_stage % self.stages
+
+    def __str__(self) -> str:
+        return "\n".join(
+            f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.ranks)
+        )
+
+    @classmethod
+    def parse(cls, text: str, *, chunks: int | None = None, name: str = "custom") -> Schedule:
+        """Read ``str(schedule)`` back: one line per rank, ``"rank 0: 0F0 0B0"`` or just
+        ``"0F0 0B0"``. ``chunks`` defaults to one more than the largest chunk used."""
+        rows = []
+        for line in text.strip().splitlines():
+            body = line.split(":", 1)[1] if ":" in line else line
+            rows.append(tuple(Action.parse(word) for word in body.split()))
+        v = chunks if chunks is not None else 1 + max((a.chunk for r in rows for a in r), default=0)
+        return cls(tuple(rows), v, name)
+
+
+# -- generators -----------------------------------------------------------------
+
+
+def gpipe(stages: int, micro_batches: int) -> Schedule:
+    """GPipe (Huang et al. 2019): every rank runs all m forwards, then all m backwards."""
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    row = [Action(0, "F", i) for i in range(m)] + [Action(0, "B", i) for i in range(m)]
+    return Schedule(tuple(tuple(row) for _ in range(p)), 1, "gpipe")
+
+
+def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
+    """1F1B / PipeDream-Flush (Narayanan et al. 2021, Section 2.2.1): rank r runs
+    min(p - r - 1, m) warm-up forwards, then alternates one forward and one
+    backward, then drains the remaining backwards."""
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    ranks = [
+        _warmup_then_alternate(min(p - r - 1, m), m, lambda k, kind: Action(0, kind, k))
+        for r in range(p)
+    ]
+    return Schedule(tuple(ranks), 1, "1f1b")
+
+
+def interleaved(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al. 2021, Section 2.2.2) with v = ``chunks`` per rank.
+
+    Micro-batches go through the chunks in groups of p: the k-th forward of a
+    rank is micro-batch (k // (p v)) p + k % p through chunk (k % (p v)) // p;
+    backwards visit the chunks in reverse. Rank r warms up with
+    2(p - r - 1) + (v - 1) p forwards (all of them when m = p), as Megatron-LM
+    does, and like Megatron-LM needs m to be a multiple of p.
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    v = positive_int("chunks", chunks)
+    if m % p:
+        raise ValueError(
+            f"the interleaved schedule needs micro_batches to be a multiple of stages; "
+            f"got micro_batches={m}, stages={p} (try micro_batches={p * -(-m // p)})"
+        )
+
+    def action(k: int, kind: str) -> Action:
+        chunk = (k % (p * v)) // p
+        return Action(v - 1 - chunk if kind == "B" else chunk, kind, (k // (p * v)) * p + k % p)
+
+    total = m * v
+    ranks = []
+    for r in range(p):
+        warmup = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
+        ranks.append(_warmup_then_alternate(warmup, total, action))
+    return Schedule(tuple(ranks), v, "interleaved")
+
+
+def zb_h1(stages: int, micro_batches: int) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, Section 3.1): 1F1B with the backward split into
+    I (input gradient, on the critical path) and W (weight gradient, free to wait).
+
+    Rank r runs 1F1B's min(p - r - 1, m) warm-up forwards, then F, I pairs,
+    holding back its first r weight passes: W of micro-batch k - r follows I
+    of micro-batch k. The held-back W's fill the idle slots at the end, so
+    the bubble shrinks from (p-1)(T_F + T_B) to (p-1)(T_F + T_I - T_W) while
+    the first rank still holds at most p micro-batches' activations.
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    ranks = []
+    for r in range(p):
+        warmup = min(p - r - 1, m)
+        row = [Action(0, "F", i) for i in range(warmup)]
+        next_w = 0
+        for k in range(m):
+            if warmup + k < m:
+                row.append(Action(0, "F", warmup + k))
+            row.append(Action(0, "I", k))
+            if k >= r or warmup + k >= m:  # held back r W's, but not past the cool-down
+                row.append(Action(0, "W", next_w))
+                next_w += 1
+        row += [Action(0, "W", i) for i in range(next_w, m)]
+        ranks.append(tuple(row))
+    return Schedule(tuple(ranks), 1, "zb_h1")
+
+
+def _warmup_then_alternate(warmup: int, total: int, make: Callable) -> tuple[Action, ...]:
+    """``warmup`` forwards, then (forward, backward) pairs, then the remaining backwards."""
+    row = [make(k, "F") for k in range(warmup)]
+    for k in range(total - warmup):
+        row += [make(warmup + k, "F"), make(k, "B")]
+    row += [make(k, "B") for k in range(total - warmup, total)]
+    return tuple(row)
+
+
+GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb_h1": zb_h1}
+
+
+def build(name: str, stages: int, micro_batches: int, *, chunks: int = 1) -> Schedule:
+    """``build("interleaved", 4, 8, chunks=2)``: the schedule called ``name`` (see GENERATORS)."""
+    if name not in GENERATORS:
+        raise ValueError(f"unknown schedule {name!r}; allowed: {', '.join(map(repr, GENERATORS))}")
+    if name == "interleaved":
+        return interleaved(stages, micro_batches, chunks)
+    if chunks != 1:
+        raise ValueError(f"chunks={chunks} needs schedule 'interleaved' (got {name!r})")
+    return GENERATORS[name](stages, micro_batches)
+
+
+def with_communication(schedule: Schedule) -> Schedule:
+    """The same schedule with its sends and receives spelled out: ``RF`` before each
+    forward that needs a previous stage's output, ``SF`` after each forward whose
+    output a next stage needs, ``RB``/``SB`` likewise around each ``B`` or ``I``."""
+    if any(a.kind in COMM_KINDS for r in schedule.ranks for a in r):
+        return schedule
+    last = schedule.stages * schedule.chunks - 1
+    rows = []
+    for r, acts in enumerate(schedule.ranks):
+        row: list[Action] = []
+        for a in acts:
+            j = schedule.virtual_stage(r, a.chunk)
+            if a.kind == "F":
+                row += [Action(a.chunk, "RF", a.micro_batch)] if j > 0 else []
+                row += [a] + ([Action(a.chunk, "SF", a.micro_batch)] if j < last else [])
+            elif a.kind in ("B", "I"):
+                row += [Action(a.chunk, "RB", a.micro_batch)] if j < last else []
+                row += [a] + ([Action(a.chunk, "SB", a.micro_batch)] if j > 0 else [])
+            else:
+                row.append(a)
+        rows.append(tuple(row))
+    return Schedule(tuple(rows), schedule.chunks, schedule.name)
+
+
+# -- the one walk: checking and timing -------------------------------------------
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run: names the rank and the action."""
+
+
+@dataclass(frozen=True)
+class TimedAction:
+    rank: int
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A replayed schedule: every compute action's start and end, and the idle time."""
+
+    schedule: Schedule
+    entries: tuple[TimedAction, ...]
+    makespan: float
+    busy: tuple[float, ...]
+    peak_in_flight: tuple[int, ...]
+    peak_pending_weight_grads: tuple[int, ...]
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        return tuple(self.makespan - b for b in self.busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the step, averaged over ranks (``relative_to="total"``)."""
+        return sum(self.idle) / (len(self.busy) * self.makespan)
+
+    @property
+    def bubble_over_ideal(self) -> float:
+        """Idle time over compute time (``relative_to="ideal"``)."""
+        return sum(self.idle) / sum(self.busy)
+
+
+def _cost(value: float | Sequence[float], j: int, v: int, name: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+        return value / v
+    return float(value[j])
+
+
+def replay(
+    schedule: Schedule,
+    *,
+    forward_time: float | Sequence[float] = 1.0,
+    backward_time: float | Sequence[float] = 2.0,
+    weight_fraction: float = 0.5,
+    p2p_time: Callable[[int, int], float] | None = None,
+) -> Timeline:
+    """Time a schedule: each rank runs its actions in order; an action starts when
+    the rank is free and what it needs has arrived. Raises :class:`ScheduleError`
+    (naming the rank and action) if the schedule is incomplete or deadlocks.
+
+    Costs: ``forward_time``/``backward_time`` per micro-batch through one rank's
+    whole stage (a chunk takes 1/v of it), or a sequence with one entry per
+    virtual stage, in seconds. A split backward costs ``(1 - weight_fraction)``
+    of ``backward_time`` for ``I`` and ``weight_fraction`` for ``W``.
+    ``p2p_time(src, dst)``: seconds for one activation or gradient message
+    between two ranks (free when None; :mod:`distlab.sim.pipeline` supplies
+    alpha-beta costs). Sends are non-blocking, receives wait.
+
+    Dependencies: F of virtual stage j needs F of j - 1; B (or I) of j needs
+    its own F and B/I of j + 1; W needs its own I.
+    """
+    fraction("weight_fraction", weight_fraction)
+    _check_complete(schedule)
+    p, v = schedule.stages, schedule.chunks
+    explicit = any(a.kind in COMM_KINDS for r in schedule.ranks for a in r)
+    send = p2p_time or (lambda src, dst: 0.0)
+    done: dict[tuple, float] = {}  # token -> time it is available
+    pos, free = [0] * p, [0.0] * p
+    entries: list[TimedAction] = []
+    held, pending = [0] * p, [0] * p
+    peak_held, peak_pending = [0] * p, [0] * p
+    while True:
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(schedule.ranks[r]):
+                a = schedule.ranks[r][pos[r]]
+                j = schedule.virtual_stage(r, a.chunk)
+                needs = _needs(a, j, p * v - 1, explicit)
+                if any(token not in done for token, _ in needs):
+                    break
+                arrivals = [
+                    done[token] + (send(src, r) if src != r else 0.0)
+                    for token, src in ((t, schedule.rank_of(s)) for t, s in needs)
+                ]
+                ready = max([free[r], *arrivals])
+                cost = _action_cost(a, j, v, forward_time, backward_time, weight_fraction)
+                done[(_produces(a.kind), j, a.micro_batch)] = ready + cost
+                free[r] = ready + cost
+                if a.kind in COMPUTE_KINDS:
+                    entries.append(TimedAction(r, a, ready, ready + cost))
+                held[r] += {"F": 1, "B": -1, "I": -1}.get(a.kind, 0)
+                pending[r] += {"I": 1, "W": -1}.get(a.kind, 0)
+                peak_held[r] = max(peak_held[r], held[r])
+                peak_pending[r] = max(peak_pending[r], pending[r])
+                pos[r] += 1
+                progressed = True
+        if all(pos[r] == len(schedule.ranks[r]) for r in range(p)):
+            break
+        if not progressed:
+            raise ScheduleError(_deadlock_message(schedule, pos, done, explicit))
+    if explicit:
+        _check_sends_received(schedule, done)
+    busy = tuple(sum(e.end - e.start for e in entries if e.rank == r) for r in range(p))
+    return Timeline(
+        schedule, tuple(entries), max(free), busy, tuple(peak_held), tuple(peak_pending)
+    )
+
+
+def check(schedule: Schedule) -> Timeline:
+    """Prove ``schedule`` complete and deadlock-free (raise :class:`ScheduleError`
+    naming the rank and action otherwise); the result's ``peak_in_flight[r]``
+    is the most chunk activations rank r holds (F to its B or I)."""
+    return replay(schedule)
+
+
+def _produces(kind: str) -> str:
+    """The token an action of this kind makes (a send or receive makes its own kind)."""
+    return {"F": "act", "B": "grad", "I": "grad", "W": "wgrad"}.get(kind, kind)
+
+
+def _needs(a: Action, j: int, last: int, explicit: bool) -> list[tuple[tuple, int]]:
+    """(token, virtual stage that makes it) pairs the action waits for."""
+    i = a.micro_batch
+    if a.kind == "F":
+        if j == 0:
+            return []
+        return [(("RF", j, i), j)] if explicit else [(("act", j - 1, i), j - 1)]
+    if a.kind in ("B", "I"):
+        own = [(("act", j, i), j)]
+        if j == last:
+            return own
+        return own + ([(("RB", j, i), j)] if explicit else [(("grad", j + 1, i), j + 1)])
+    if a.kind == "W":
+        return [(("grad", j, i), j)]
+    if a.kind == "SF":
+        return [(("act", j, i), j)]
+    if a.kind == "SB":
+        return [(("grad", j, i), j)]
+    if a.kind == "RF":
+        return [(("SF", j - 1, i), j - 1)]
+    return [(("SB", j + 1, i), j + 1)]  # RB
+
+
+def _action_cost(a, j, v, forward_time, backward_time, weight_fraction) -> float:
+    if a.kind == "F":
+        return _cost(forward_time, j, v, "forward_time")
+    if a.kind in ("B", "I", "W"):
+        full = _cost(backward_time, j, v, "backward_time")
+        return {"B": full, "I": full * (1 - weight_fraction), "W": full * weight_fraction}[a.kind]
+    return 0.0
+
+
+def _check_complete(schedule: Schedule) -> None:
+    """Every rank runs F and (B, or I then W) exactly once per chunk and micro-batch."""
+    m, v = schedule.micro_batches, schedule.chunks
+    for r, acts in enumerate(schedule.ranks):
+        seen: dict[Action, int] = {}
+        for position, a in enumerate(acts):
+            if a.chunk >= v:
+                raise ScheduleError(f"rank {r}: action {a} uses chunk {a.chunk}, but chunks={v}")
+            if a in seen:
+                raise ScheduleError(
+                    f"rank {r}: action {a} appears twice (positions {seen[a]} and {position})"
+                )
+            seen[a] = position
+        for c in range(v):
+            for i in range(m):
+                whole, split = Action(c, "B", i) in seen, Action(c, "I", i) in seen
+                missing = [Action(c, "F", i)] if Action(c, "F", i) not in seen else []
+                if whole and split:
+                    raise ScheduleError(
+                        f"rank {r}: both {Action(c, 'B', i)} and "
+                        f"{Action(c, 'I', i)}; use B, or I and W"
+                    )
+                if not whole:
+                    missing += [Action(c, k, i) for k in "IW" if Action(c, k, i) not in seen]
+                elif Action(c, "W", i) in seen:
+                    raise ScheduleError(
+                        f"rank {r}: {Action(c, 'W', i)} after a whole backward "
+                        f"{Action(c, 'B', i)}; use I and W, or B alone"
+                    )
+                if missing:
+                    names = ", ".join(map(str, missing))
+                    raise ScheduleError(f"rank {r} is missing {names} (m={m}, chunks={v})")
+
+
+def _deadlock_message(schedule: Schedule, pos: list[int], done: dict, explicit: bool) -> str:
+    p, last = schedule.stages, schedule.stages * schedule.chunks - 1
+    waits = []
+    for r in range(p):
+        if pos[r] == len(schedule.ranks[r]):
+            continue
+        a = schedule.ranks[r][pos[r]]
+        j = schedule.virtual_stage(r, a.chunk)
+        missing = [t for t, _ in _needs(a, j, last, explicit) if t not in done]
+        what = "; ".join(f"{_describe(t)} from rank {schedule.rank_of(t[1])}" for t in missing)
+        waits.append(f"rank {r} waits at action {a} (position {pos[r]}) for {what}")
+    return "schedule deadlocks: " + "; ".join(waits)
+
+
+def _describe(token: tuple) -> str:
+    kind, j, i = token
+    names = {
+        "act": "the forward output",
+        "grad": "the input gradient",
+        "SF": "the activation",
+        "SB": "the gradient",
+        "RF": "a receive of the activation",
+        "RB": "a receive of the gradient",
+    }
+    return f"{names.get(kind, kind)} of micro-batch {i} at virtual stage {j}"
+
+
+def _check_sends_received(schedule: Schedule, done: dict) -> None:
+    for r, acts in enumerate(schedule.ranks):
+        for a in acts:
+            if a.kind in ("SF", "SB"):
+                j = schedule.virtual_stage(r, a.chunk)
+                peer = j + 1 if a.kind == "SF" else j - 1
+                recv = "RF" if a.kind == "SF" else "RB"
+                if (recv, peer, a.micro_batch) not in done:
+                    raise ScheduleError(
+                        f"rank {r}: action {a} sends to rank {schedule.rank_of(peer)}, which "
+                        f"never receives it (no {Action(peer // schedule.stages, recv, a.micro_batch)})"
+                    )
