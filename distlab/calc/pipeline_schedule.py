@@ -368,8 +368,6 @@ def replay(
             break
         if not progressed:
             raise ScheduleError(_deadlock_message(schedule, pos, done, explicit))
-    if explicit:
-        _check_sends_received(schedule, done)
     busy = tuple(sum(e.end - e.start for e in entries if e.rank == r) for r in range(p))
     return Timeline(
         schedule, tuple(entries), max(free), busy, tuple(peak_held), tuple(peak_pending)
@@ -379,7 +377,12 @@ def replay(
 def check(schedule: Schedule) -> Timeline:
     """Prove ``schedule`` complete and deadlock-free (raise :class:`ScheduleError`
     naming the rank and action otherwise); the result's ``peak_in_flight[r]``
-    is the most chunk activations rank r holds (F to its B or I)."""
+    is the most chunk activations rank r holds (F to its B or I).
+
+    With sends and receives spelled out, every receive must find its send and
+    every forward or backward that needs a message must find its receive; a
+    send nobody receives leaves its receiver's action waiting, which is
+    reported as a deadlock naming it."""
     return replay(schedule)
 
 
@@ -428,6 +431,10 @@ def _check_complete(schedule: Schedule) -> None:
         for position, a in enumerate(acts):
             if a.chunk >= v:
                 raise ScheduleError(f"rank {r}: action {a} uses chunk {a.chunk}, but chunks={v}")
+            j, last = schedule.virtual_stage(r, a.chunk), schedule.stages * v - 1
+            if (a.kind in ("RF", "SB") and j == 0) or (a.kind in ("SF", "RB") and j == last):
+                end = "first" if j == 0 else "last"
+                raise ScheduleError(f"rank {r}: action {a} talks past the {end} stage")
             if a in seen:
                 raise ScheduleError(
                     f"rank {r}: action {a} appears twice (positions {seen[a]} and {position})"
@@ -442,9 +449,13 @@ def _check_complete(schedule: Schedule) -> None:
                         f"rank {r}: both {Action(c, 'B', i)} and "
                         f"{Action(c, 'I', i)}; use B, or I and W"
                     )
-                if not whole:
-                    missing += [Action(c, k, i) for k in "IW" if Action(c, k, i) not in seen]
-                elif Action(c, "W", i) in seen:
+                if not whole and not split:
+                    missing.append(
+                        f"{Action(c, 'B', i)} (or {Action(c, 'I', i)} and {Action(c, 'W', i)})"
+                    )
+                elif split and Action(c, "W", i) not in seen:
+                    missing.append(Action(c, "W", i))
+                elif whole and Action(c, "W", i) in seen:
                     raise ScheduleError(
                         f"rank {r}: {Action(c, 'W', i)} after a whole backward "
                         f"{Action(c, 'B', i)}; use I and W, or B alone"
@@ -479,17 +490,3 @@ def _describe(token: tuple) -> str:
         "RB": "a receive of the gradient",
     }
     return f"{names.get(kind, kind)} of micro-batch {i} at virtual stage {j}"
-
-
-def _check_sends_received(schedule: Schedule, done: dict) -> None:
-    for r, acts in enumerate(schedule.ranks):
-        for a in acts:
-            if a.kind in ("SF", "SB"):
-                j = schedule.virtual_stage(r, a.chunk)
-                peer = j + 1 if a.kind == "SF" else j - 1
-                recv = "RF" if a.kind == "SF" else "RB"
-                if (recv, peer, a.micro_batch) not in done:
-                    raise ScheduleError(
-                        f"rank {r}: action {a} sends to rank {schedule.rank_of(peer)}, which "
-                        f"never receives it (no {Action(peer // schedule.stages, recv, a.micro_batch)})"
-                    )
