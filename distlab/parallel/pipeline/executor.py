@@ -101,16 +101,16 @@ def run_pipeline(
     """Run this rank's actions of ``schedule`` for one step on the whole batch
     ``inputs``/``targets`` (cut into ``schedule.micro_batches`` micro-batches).
     Gradients accumulate into the stage's parameters; step the optimizer after."""
+    check(schedule)  # raises ScheduleError naming the rank and action
+    m = schedule.micro_batches
+    if inputs.shape[0] % m or inputs.shape[0] < m:
+        raise ValueError(f"batch of {inputs.shape[0]} cannot be cut into m={m} equal micro-batches")
     rank, world = dist.get_rank(), dist.get_world_size()
     if schedule.stages != world or schedule.chunks != stage.num_chunks or stage.rank != rank:
         raise ValueError(
             f"rank {rank}: schedule has {schedule.stages} ranks x {schedule.chunks} chunks, "
             f"the job {world} ranks, the stage is rank {stage.rank} with {stage.num_chunks} chunks"
         )
-    check(schedule)  # raises ScheduleError naming the rank and action
-    m = schedule.micro_batches
-    if inputs.shape[0] % m or inputs.shape[0] < m:
-        raise ValueError(f"batch of {inputs.shape[0]} cannot be cut into m={m} equal micro-batches")
     runner = _Runner(schedule, stage, inputs.chunk(m), targets.chunk(m), fixed_cost or {})
     for action in with_communication(schedule).ranks[rank]:
         try:
