@@ -42,6 +42,8 @@ def batch_for(m: int, seed: int):
 def pipeline_worker(rank, world_size, cases):
     from distlab.parallel.pipeline import build, gpt_stage, run_pipeline
 
+    torch.set_num_threads(1)  # one core per rank, no oversubscription
+
     out = []
     for seed, (name, m, v) in enumerate(cases):
         model = GPT(CONFIG, seed=0)
@@ -64,6 +66,15 @@ def pipeline_worker(rank, world_size, cases):
 
 
 def reference(m: int, seed: int):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on a loaded 2-core machine run 40x slower
+    try:
+        return _train_single_process(m, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_single_process(m: int, seed: int):
     model = GPT(CONFIG, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     tokens, targets = batch_for(m, seed)
