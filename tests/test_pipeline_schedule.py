@@ -164,3 +164,16 @@ def test_simulator_bad_gpus():
             backward_time=1.0,
             gpus=[0, 9],
         )
+
+
+def test_gantt_charts_draw_every_action():
+    from distlab.viz.pipeline_plots import plot_planned_and_measured, plot_timeline
+
+    plan = build("zb_h1", 3, 4)
+    planned = replay(plan)
+    slower = replay(plan, forward_time=1.5, backward_time=2.5)
+    fig = plot_planned_and_measured(planned, slower)
+    left, right = fig.axes
+    assert len(left.patches) == len(right.patches) == len(planned.entries) == 3 * 3 * 4
+    assert "bubble" in right.get_title()
+    assert len(plot_timeline(planned).axes[0].patches) == len(planned.entries)
