@@ -109,6 +109,18 @@ def test_send_without_receive_is_named():
         check(plan)
 
 
+def test_bad_schedule_and_costs():
+    with pytest.raises(TypeError, match=r"rank 0: '0F0' is not an Action"):
+        Schedule((("0F0",),))
+    plan = build("1f1b", 2, 2)
+    with pytest.raises(ValueError, match=r"forward_time must be a number or 2 numbers"):
+        replay(plan, forward_time=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"backward_time must be seconds >= 0"):
+        replay(plan, backward_time=-1.0)
+    with pytest.raises(ValueError, match="weight_fraction must be in"):
+        replay(plan, weight_fraction=1.5)
+
+
 def test_interleaved_needs_m_multiple_of_p():
     with pytest.raises(ValueError, match=r"micro_batches=6, stages=4 \(try micro_batches=8\)"):
         interleaved(4, 6, 2)

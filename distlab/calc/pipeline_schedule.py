@@ -96,6 +96,13 @@ class Schedule:
             raise ValueError("a schedule needs at least one rank's actions")
         positive_int("chunks", self.chunks)
         object.__setattr__(self, "ranks", tuple(tuple(r) for r in self.ranks))
+        for r, acts in enumerate(self.ranks):
+            for a in acts:
+                if not isinstance(a, Action):
+                    raise TypeError(
+                        f"rank {r}: {a!r} is not an Action; use Action.parse({str(a)!r}) "
+                        "or Schedule.parse for text"
+                    )
 
     @property
     def stages(self) -> int:
@@ -300,10 +307,19 @@ class Timeline:
 
 def _cost(value: float | Sequence[float], j: int, v: int, name: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
         return value / v
     return float(value[j])
+
+
+def _check_costs(value: float | Sequence[float], stages: int, name: str) -> None:
+    """A cost is seconds >= 0: one number per whole stage, or one per virtual stage."""
+    values = [value] if isinstance(value, (int, float)) else list(value)
+    if isinstance(value, bool) or (not isinstance(value, (int, float)) and len(values) != stages):
+        raise ValueError(
+            f"{name} must be a number or {stages} numbers (one per virtual stage), got {value!r}"
+        )
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in values):
+        raise ValueError(f"{name} must be seconds >= 0, got {value!r}")
 
 
 def replay(
@@ -332,6 +348,8 @@ def replay(
     fraction("weight_fraction", weight_fraction)
     _check_complete(schedule)
     p, v = schedule.stages, schedule.chunks
+    _check_costs(forward_time, p * v, "forward_time")
+    _check_costs(backward_time, p * v, "backward_time")
     explicit = any(a.kind in COMM_KINDS for r in schedule.ranks for a in r)
     send = p2p_time or (lambda src, dst: 0.0)
     done: dict[tuple, float] = {}  # token -> time it is available
@@ -348,9 +366,10 @@ def replay(
                 needs = _needs(a, j, p * v - 1, explicit)
                 if any(token not in done for token, _ in needs):
                     break
+                # a message from another rank arrives p2p_time after it was made
                 arrivals = [
-                    done[token] + (send(src, r) if src != r else 0.0)
-                    for token, src in ((t, schedule.rank_of(s)) for t, s in needs)
+                    done[token] + (0.0 if src == r else send(src, r))
+                    for token, src in ((t, schedule.rank_of(maker)) for t, maker in needs)
                 ]
                 ready = max([free[r], *arrivals])
                 cost = _action_cost(a, j, v, forward_time, backward_time, weight_fraction)
