@@ -12,7 +12,9 @@ Each rank also reports what it measured: its timeline (every action starts
 after the actions it depends on ended, on the machine's shared monotonic
 clock), and its peak in-flight activations, which must equal the count the
 schedule's replay predicts and, on the first stage, the closed form of
-:func:`distlab.calc.pipeline.in_flight_micro_batches`.
+:func:`distlab.calc.pipeline.in_flight_micro_batches`; in bf16 with dropout,
+the first stage's saved bytes equal Korthikanti et al.'s per-layer count
+(:func:`distlab.calc.memory.activation_bytes_per_layer`) plus the named extras.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import torch
 
 import distlab
+from distlab.calc.memory import activation_bytes_per_layer
 from distlab.calc.pipeline import in_flight_micro_batches
 from distlab.calc.pipeline_schedule import build, check
 from distlab.models import GPT, GPTConfig, gpt_batch
@@ -146,3 +149,32 @@ def test_in_flight_activations_as_the_schedule_and_papers_say(launched):
             assert first.peak_activation_bytes == expected * first.activation_bytes[0]
         if name == "zb_h1":
             assert max(run.peak_pending_weight_grads for run in runs) > 0
+
+
+def bf16_worker(rank, world_size, m):
+    from distlab.parallel.pipeline import gpt_stage, one_f_one_b, run_pipeline
+
+    torch.set_num_threads(1)
+    config = GPTConfig(layers=2, dropout=0.1)
+    model = GPT(config, seed=0).to(torch.bfloat16).train()
+    stage = gpt_stage(model, rank, world_size)  # embedding + block 0 | block 1 + head
+    tokens, targets = gpt_batch(2 * m, config)
+    return run_pipeline(one_f_one_b(world_size, m), stage, tokens, targets)
+
+
+def test_first_stage_activation_bytes_match_korthikanti():
+    """Rank 0 holds the embedding and one GPT block, in bf16 with dropout (the paper's
+    setting). One micro-batch saves the block's sbh(34 + 5as/h) bytes
+    (:func:`distlab.calc.memory.activation_bytes_per_layer`), plus what the paper leaves
+    out: LayerNorm's mean and 1/std (4 tensors of b s bf16 numbers) and the embedding's
+    token and position indices (int64). Its peak is that times 1F1B's in-flight count."""
+    m, b = 4, 2
+    runs = distlab.run(bf16_worker, 2, args=(m,), timeout=300)
+    c = GPTConfig(layers=2)
+    per_layer = activation_bytes_per_layer(
+        seq_len=c.seq_len, micro_batch=b, hidden=c.hidden, heads=c.heads
+    )
+    extras = 4 * b * c.seq_len * 2 + b * c.seq_len * 8 + c.seq_len * 8
+    assert runs[0].activation_bytes[0] == per_layer + extras
+    in_flight = in_flight_micro_batches(2, m, schedule="1f1b")
+    assert runs[0].peak_activation_bytes == in_flight * (per_layer + extras)

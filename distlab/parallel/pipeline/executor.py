@@ -111,7 +111,9 @@ def run_pipeline(
             f"rank {rank}: schedule has {schedule.stages} ranks x {schedule.chunks} chunks, "
             f"the job {world} ranks, the stage is rank {stage.rank} with {stage.num_chunks} chunks"
         )
-    runner = _Runner(schedule, stage, inputs.chunk(m), targets.chunk(m), fixed_cost or {})
+    # each micro-batch a copy of its own, so the bytes autograd saves for it are its own
+    micro_inputs = [t.clone() for t in inputs.chunk(m)]
+    runner = _Runner(schedule, stage, micro_inputs, targets.chunk(m), fixed_cost or {})
     for action in with_communication(schedule).ranks[rank]:
         try:
             runner.do(action)
