@@ -11,7 +11,8 @@ from distlab.calc.pipeline import (
     schedule_ops,
     zb_h1_bubble_time,
 )
-from distlab.calc.pipeline_schedule import Schedule, ScheduleError
+from distlab.calc.pipeline_replay import ScheduleError
+from distlab.calc.pipeline_schedule import Schedule
 
 
 def test_published_formulas():

@@ -8,14 +8,12 @@ import sys
 import pytest
 
 from distlab.calc.pipeline import bubble_fraction
+from distlab.calc.pipeline_replay import ScheduleError, check, replay
 from distlab.calc.pipeline_schedule import (
     Action,
     Schedule,
-    ScheduleError,
     build,
-    check,
     interleaved,
-    replay,
     with_communication,
 )
 from distlab.sim import Link, uniform_cluster
@@ -26,7 +24,8 @@ ALL = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1)]
 
 def test_imports_without_torch():
     code = (
-        "import sys, distlab.calc.pipeline_schedule, distlab.calc.pipeline, distlab.sim.pipeline; "
+        "import sys, distlab.calc.pipeline_schedule, distlab.calc.pipeline_replay, "
+        "distlab.calc.pipeline, distlab.sim.pipeline, distlab.viz.pipeline_plots; "
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

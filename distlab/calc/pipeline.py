@@ -21,7 +21,7 @@ idle slots: the bubble per rank drops from (p-1)(T_F + T_I + T_W) to
 
 The schedules themselves are data, one type for the whole library
 (:mod:`distlab.calc.pipeline_schedule`): :func:`schedule_ops` builds one,
-:func:`replay` times it with dependencies, and the bubble counted from the
+:func:`replay` (:mod:`distlab.calc.pipeline_replay`) times it with dependencies, and the bubble counted from the
 timeline equals the formulas here (the tests check it). GPipe keeps all m
 micro-batches' activations; 1F1B keeps at most p on the first stage
 (:func:`in_flight_micro_batches`).
@@ -30,7 +30,8 @@ micro-batches' activations; 1F1B keeps at most p on the first stage
 from __future__ import annotations
 
 from ._validate import choice, positive, positive_int
-from .pipeline_schedule import GENERATORS, Schedule, Timeline, build, replay
+from .pipeline_replay import Timeline, replay
+from .pipeline_schedule import GENERATORS, Schedule, build
 
 SCHEDULES = tuple(GENERATORS)  # "gpipe", "1f1b", "interleaved", "zb_h1"
 RELATIVE_TO = ("total", "ideal")

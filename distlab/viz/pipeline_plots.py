@@ -1,6 +1,6 @@
 """Pipeline Gantt charts: a schedule's replay and a measured run, drawn the same way.
 
-Both inputs are :class:`~distlab.calc.pipeline_schedule.Timeline` objects:
+Both inputs are :class:`~distlab.calc.pipeline_replay.Timeline` objects:
 :func:`distlab.calc.pipeline.replay` (or :func:`distlab.sim.pipeline.simulate_pipeline`)
 gives the planned one, :func:`distlab.parallel.pipeline.run_pipeline` the
 measured one. One row per rank; forwards light, backwards dark (the split
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from distlab.calc.pipeline_schedule import Timeline
+from distlab.calc.pipeline_replay import Timeline
 
 _COLORS = {"F": (0.6, 0.75, 0.95), "B": (0.2, 0.35, 0.7), "I": (0.3, 0.5, 0.85), "W": (0.55,) * 3}
 

@@ -3,7 +3,8 @@
 ==============  =============================================================
 ``schedule``    the schedule type and generators (GPipe, 1F1B, interleaved,
                 ZB-H1), the checker and the replay; defined, torch-free, in
-                :mod:`distlab.calc.pipeline_schedule` and re-exported here
+                :mod:`distlab.calc.pipeline_schedule` and
+                :mod:`distlab.calc.pipeline_replay`, re-exported here
 ``partition``   the tiny GPT as a list of layers; balanced cuts by parameter
                 count or measured time
 ``stage``       :class:`PipelineStage`: one rank's model chunks
@@ -22,17 +23,14 @@ is where it runs. Inside ``distlab.run(fn, world_size=p)``::
 
 from __future__ import annotations
 
+from distlab.calc.pipeline_replay import ScheduleError, Timeline, check, replay
 from distlab.calc.pipeline_schedule import (
     Action,
     Schedule,
-    ScheduleError,
-    Timeline,
     build,
-    check,
     gpipe,
     interleaved,
     one_f_one_b,
-    replay,
     with_communication,
     zb_h1,
 )

@@ -42,14 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distlab.calc.pipeline_schedule import (
-    Action,
-    Schedule,
-    TimedAction,
-    Timeline,
-    check,
-    with_communication,
-)
+from distlab.calc.pipeline_replay import TimedAction, Timeline, check
+from distlab.calc.pipeline_schedule import Action, Schedule, with_communication
 
 from .stage import PipelineStage
 
