@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from distlab.calc.pipeline import (
-    PipeOp,
     bubble_fraction,
     in_flight_micro_batches,
-    max_in_flight,
     replay,
     schedule_ops,
+    zb_h1_bubble_time,
 )
+from distlab.calc.pipeline_replay import ScheduleError
+from distlab.calc.pipeline_schedule import Schedule
 
 
 def test_published_formulas():
@@ -46,13 +47,16 @@ GRID = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 7, 8, 16)]
 @pytest.mark.parametrize(("p", "m"), GRID)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_replayed_schedule_has_the_formula_bubble(p, m, schedule):
-    ops = schedule_ops(p, m, schedule=schedule)
-    assert all(len(rank_ops) == 2 * m for rank_ops in ops)
+    plan = schedule_ops(p, m, schedule=schedule)
+    assert all(len(actions) == 2 * m for actions in plan.ranks)
     for t_f, t_b in ((1.0, 2.0), (1.0, 1.0), (0.5, 3.0)):
-        timeline = replay(ops, forward_time=t_f, backward_time=t_b)
+        timeline = replay(plan, forward_time=t_f, backward_time=t_b)
         assert timeline.makespan == pytest.approx((m + p - 1) * (t_f + t_b))
         assert timeline.bubble_fraction == pytest.approx(bubble_fraction(p, m, schedule=schedule))
-    assert max_in_flight(ops[0]) == in_flight_micro_batches(p, m, schedule=schedule)
+        assert timeline.bubble_over_ideal == pytest.approx(
+            bubble_fraction(p, m, schedule=schedule, relative_to="ideal")
+        )
+    assert timeline.peak_in_flight[0] == in_flight_micro_batches(p, m, schedule=schedule)
 
 
 @pytest.mark.parametrize(
@@ -60,33 +64,57 @@ def test_replayed_schedule_has_the_formula_bubble(p, m, schedule):
     [(2, 2, 2), (2, 6, 3), (4, 4, 2), (4, 8, 2), (4, 16, 4), (8, 16, 2), (8, 32, 4), (3, 9, 2)],
 )
 def test_interleaved_schedule_matches_formula(p, m, v):
-    ops = schedule_ops(p, m, schedule="interleaved", virtual_stages=v)
+    plan = schedule_ops(p, m, schedule="interleaved", virtual_stages=v)
     # each rank runs every micro-batch through each of its v chunks, forward and backward
-    for rank_ops in ops:
-        assert sorted((o.kind, o.micro_batch, o.chunk) for o in rank_ops) == sorted(
+    for actions in plan.ranks:
+        assert sorted((a.kind, a.micro_batch, a.chunk) for a in actions) == sorted(
             (k, i, c) for k in "FB" for i in range(m) for c in range(v)
         )
-    timeline = replay(ops, forward_time=1.0, backward_time=2.0)
+    timeline = replay(plan, forward_time=1.0, backward_time=2.0)
     assert timeline.bubble_fraction == pytest.approx(
         bubble_fraction(p, m, schedule="interleaved", virtual_stages=v)
     )
-    assert max_in_flight(ops[0], v) == pytest.approx(
+    assert timeline.bubble_over_ideal == pytest.approx(
+        bubble_fraction(p, m, schedule="interleaved", virtual_stages=v, relative_to="ideal")
+    )
+    assert timeline.peak_in_flight[0] / v == pytest.approx(
         in_flight_micro_batches(p, m, schedule="interleaved", virtual_stages=v)
     )
 
 
+@pytest.mark.parametrize(("p", "m"), [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 4, 5, 8, 13)])
+def test_zb_h1_replay_matches_qi_et_al(p, m):
+    plan = schedule_ops(p, m, schedule="zb_h1")
+    for t_f, t_b, share in ((1.0, 2.0, 0.5), (1.0, 3.0, 1 / 3), (2.0, 3.0, 0.3)):
+        timeline = replay(plan, forward_time=t_f, backward_time=t_b, weight_fraction=share)
+        t_i, t_w = t_b * (1 - share), t_b * share
+        one_f_one_b = replay(schedule_ops(p, m), forward_time=t_f, backward_time=t_b)
+        if m >= p:  # the paper's setting: bubble (p-1)(T_F + T_I - T_W) per rank
+            bubble = zb_h1_bubble_time(
+                p, forward_time=t_f, input_grad_time=t_i, weight_grad_time=t_w
+            )
+            assert timeline.makespan == pytest.approx(m * (t_f + t_b) + bubble)
+        assert timeline.makespan <= one_f_one_b.makespan + 1e-12
+        if p > 1:
+            assert timeline.makespan < one_f_one_b.makespan
+    if m >= p:
+        equal = replay(plan, forward_time=1.0, backward_time=2.0, weight_fraction=0.5)
+        assert equal.bubble_fraction == pytest.approx(bubble_fraction(p, m, schedule="zb_h1"))
+    # same memory as 1F1B on the first stage (Section 3.1)
+    assert timeline.peak_in_flight[0] == in_flight_micro_batches(p, m, schedule="zb_h1")
+
+
 def test_one_f_one_b_order_on_first_and_last_stage():
-    ops = schedule_ops(4, 6, schedule="1f1b")
-    first = " ".join(str(o) for o in ops[0])
-    last = " ".join(str(o) for o in ops[3])
-    assert first == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"  # 3 warm-up forwards, then 1F1B
-    assert last == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    lines = str(schedule_ops(4, 6, schedule="1f1b")).splitlines()
+    # 3 warm-up forwards, then one forward, one backward
+    assert lines[0] == "rank 0: 0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5"
+    assert lines[3] == "rank 3: 0F0 0B0 0F1 0B1 0F2 0B2 0F3 0B3 0F4 0B4 0F5 0B5"
 
 
 def test_replay_respects_dependencies():
     timeline = replay(schedule_ops(3, 4, schedule="gpipe"))
-    end = {(t.rank, t.op.kind, t.op.micro_batch): t.end for t in timeline.ops}
-    start = {(t.rank, t.op.kind, t.op.micro_batch): t.start for t in timeline.ops}
+    end = {(t.rank, t.action.kind, t.action.micro_batch): t.end for t in timeline.entries}
+    start = {(t.rank, t.action.kind, t.action.micro_batch): t.start for t in timeline.entries}
     for mb in range(4):
         for r in (1, 2):
             assert start[(r, "F", mb)] >= end[(r - 1, "F", mb)]
@@ -95,8 +123,8 @@ def test_replay_respects_dependencies():
 
 
 def test_replay_detects_deadlock():
-    bad = [[PipeOp("B", 0), PipeOp("F", 0)], [PipeOp("F", 0), PipeOp("B", 0)]]
-    with pytest.raises(ValueError, match="deadlock"):
+    bad = Schedule.parse("rank 0: 0B0 0F0\nrank 1: 0F0 0B0")
+    with pytest.raises(ScheduleError, match="rank 0 waits at action 0B0"):
         replay(bad)
 
 
@@ -106,6 +134,13 @@ def test_replay_detects_deadlock():
         (lambda: bubble_fraction(0, 4), "stages must be"),
         (lambda: bubble_fraction(4, -1), "micro_batches must be"),
         (lambda: bubble_fraction(4, 8, schedule="zero_bubble"), "schedule 'zero_bubble'"),
+        (lambda: bubble_fraction(4, 3, schedule="zb_h1"), "micro_batches >= stages"),
+        (
+            lambda: zb_h1_bubble_time(
+                4, forward_time=1.0, input_grad_time=1.0, weight_grad_time=3.0
+            ),
+            "weight_grad_time=3.0",
+        ),
         (lambda: bubble_fraction(4, 8, relative_to="wall"), "relative_to 'wall'"),
         (lambda: bubble_fraction(4, 8, schedule="1f1b", virtual_stages=2), "virtual_stages=2"),
         (
@@ -116,7 +151,7 @@ def test_replay_detects_deadlock():
             lambda: in_flight_micro_batches(4, 8, schedule="interleaved", virtual_stages=0),
             "virtual_stages must be",
         ),
-        (lambda: replay([]), "at least one rank"),
+        (lambda: Schedule(()), "at least one rank"),
     ],
 )
 def test_bad_input(call, match):

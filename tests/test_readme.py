@@ -29,6 +29,16 @@ def test_data_parallel_example_prints_what_the_readme_says(capsys):
     assert printed == block.rsplit("# ", 1)[1].strip()
 
 
+def test_pipeline_example_prints_what_the_readme_says(capsys):
+    block = next(b for b in code_blocks("python") if "run_pipeline(" in b)
+    exec(compile(block, "README pipeline example", "exec"), {"__name__": "__main__"})  # noqa: S102
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == block.rsplit("# ", 1)[1].strip()
+    assert printed[-2] == "(2, 1)"
+    assert printed[-3] == "0.2 0.2"
+    assert printed[0] == "rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3"
+
+
 def test_train_py_runs_under_torchrun(tmp_path):
     script = next(b for b in code_blocks("python") if b.startswith("# train.py"))
     (tmp_path / "train.py").write_text(script)

@@ -17,6 +17,7 @@ One idea per module, each short enough to read top to bottom:
 ``checkpoint``      full (rank 0) and sharded (DCP) checkpoints, resharding
 ``sync_batchnorm``  :class:`SyncBatchNorm` against per-rank BatchNorm
 ``memory``          measured bytes of parameters, gradients, optimizer state
+``pipeline/``       pipeline parallelism: stages, executor (schedules as data)
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
@@ -26,6 +27,7 @@ default); the collective is chosen per wrapper with ``algorithm="ring"``
 
 from __future__ import annotations
 
+from . import pipeline
 from .accumulation import accumulate_gradients, gradient_scale_error
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .comm import ALGORITHMS, Collectives, CommThread
@@ -66,6 +68,7 @@ __all__ = [
     "load_full",
     "load_sharded",
     "measure_model_state",
+    "pipeline",
     "save_full",
     "save_sharded",
     "shard_batch",

@@ -14,6 +14,7 @@ from matplotlib.patches import Patch
 
 from distlab.calc import memory, pipeline
 from distlab.calc.units import BYTE_UNITS
+from distlab.viz.pipeline_plots import draw_timeline
 
 _STATE_COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_states": "#55a868"}
 
@@ -92,8 +93,8 @@ def plot_bubble_vs_micro_batches(
         for m in check_points:
             if schedule == "interleaved" and m % stages:
                 continue
-            ops = pipeline.schedule_ops(stages, m, schedule=schedule, virtual_stages=v)
-            counted = pipeline.replay(ops).bubble_fraction
+            plan = pipeline.schedule_ops(stages, m, schedule=schedule, virtual_stages=v)
+            counted = pipeline.replay(plan).bubble_fraction
             ax.plot([m], [counted], "o", color=line.get_color(), markerfacecolor="none")
     ax.set_xlabel("micro-batches per step, m")
     ax.set_ylabel("bubble / step time" if relative_to == "total" else "bubble / ideal time")
@@ -112,34 +113,20 @@ def plot_pipeline_schedule(
     forward_time: float = 1.0,
     backward_time: float = 2.0,
 ) -> Figure:
-    """Gantt chart of a replayed schedule: one row per rank, F boxes light,
-    B boxes dark, each labelled with its micro-batch; white gaps are the bubble."""
-    ops = pipeline.schedule_ops(
+    """Gantt chart of a replayed schedule (:func:`distlab.viz.pipeline_plots.draw_timeline`):
+    one row per rank, F boxes light, B boxes dark, each labelled with its
+    micro-batch; white gaps are the bubble."""
+    plan = pipeline.schedule_ops(
         stages, micro_batches, schedule=schedule, virtual_stages=virtual_stages
     )
-    timeline = pipeline.replay(ops, forward_time=forward_time, backward_time=backward_time)
-    fig = Figure(figsize=(max(6.0, timeline.makespan * 0.35), 0.6 * stages + 1.2))
-    ax = fig.add_subplot()
-    for t in timeline.ops:
-        dark = t.op.kind == "B"
-        shade = 0.15 * t.op.chunk
-        color = (0.2 + shade, 0.35 + shade, 0.7) if dark else (0.6 + shade / 2, 0.75, 0.95)
-        ax.barh(t.rank, t.end - t.start, left=t.start, color=color, edgecolor="white", height=0.8)
-        ax.text(
-            (t.start + t.end) / 2,
-            t.rank,
-            str(t.op.micro_batch),
-            ha="center",
-            va="center",
-            fontsize=7,
-            color="white" if dark else "black",
-        )
-    ax.set_yticks(range(stages), [f"rank {r}" for r in range(stages)])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (forward of one micro-batch through one stage = 1)")
+    timeline = pipeline.replay(plan, forward_time=forward_time, backward_time=backward_time)
     name = f"{schedule} (v={virtual_stages})" if schedule == "interleaved" else schedule
-    ax.set_title(
-        f"{name}, p={stages}, m={micro_batches}: bubble {timeline.bubble_fraction:.1%} of the step"
+    fig = Figure(figsize=(max(6.0, timeline.makespan * 0.35), 0.6 * stages + 1.2))
+    draw_timeline(
+        fig.add_subplot(),
+        timeline,
+        title=f"{name}, p={stages}, m={micro_batches}",
+        unit="forward of one micro-batch through one stage = 1",
     )
     fig.set_layout_engine("constrained")
     return fig

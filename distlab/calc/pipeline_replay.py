@@ -1,0 +1,268 @@
+"""Check and time a pipeline schedule: one walk over every rank's actions.
+
+Each rank runs its actions (:mod:`distlab.calc.pipeline_schedule`) in order;
+an action starts when the rank is free and what it needs has arrived:
+
+* F of virtual stage j needs F of j - 1 (the activation);
+* B, or I, of j needs its own F and B/I of j + 1 (the output's gradient);
+* W of j needs its own I;
+* with sends and receives spelled out, a receive needs the peer's send and
+  the compute action needs the receive; sends never wait (``isend``).
+
+If no rank can move and some have actions left, the schedule deadlocks, and
+the error names each waiting rank, its action and what it waits for. The
+same walk gives the timeline (with per-action costs and message costs), the
+idle time, and each rank's peak number of activations in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ._validate import fraction
+from .pipeline_schedule import COMM_KINDS, COMPUTE_KINDS, Action, Schedule
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run: names the rank and the action."""
+
+
+@dataclass(frozen=True)
+class TimedAction:
+    rank: int
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A replayed schedule: every compute action's start and end, and the idle time."""
+
+    schedule: Schedule
+    entries: tuple[TimedAction, ...]
+    makespan: float
+    busy: tuple[float, ...]
+    peak_in_flight: tuple[int, ...]
+    peak_pending_weight_grads: tuple[int, ...]
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        return tuple(self.makespan - b for b in self.busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the step, averaged over ranks (``relative_to="total"``)."""
+        return sum(self.idle) / (len(self.busy) * self.makespan)
+
+    @property
+    def bubble_over_ideal(self) -> float:
+        """Idle time over compute time (``relative_to="ideal"``)."""
+        return sum(self.idle) / sum(self.busy)
+
+
+def _cost(value: float | Sequence[float], j: int, v: int, name: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value / v
+    return float(value[j])
+
+
+def _check_costs(value: float | Sequence[float], stages: int, name: str) -> None:
+    """A cost is seconds >= 0: one number per whole stage, or one per virtual stage."""
+    values = [value] if isinstance(value, (int, float)) else list(value)
+    if isinstance(value, bool) or (not isinstance(value, (int, float)) and len(values) != stages):
+        raise ValueError(
+            f"{name} must be a number or {stages} numbers (one per virtual stage), got {value!r}"
+        )
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in values):
+        raise ValueError(f"{name} must be seconds >= 0, got {value!r}")
+
+
+def replay(
+    schedule: Schedule,
+    *,
+    forward_time: float | Sequence[float] = 1.0,
+    backward_time: float | Sequence[float] = 2.0,
+    weight_fraction: float = 0.5,
+    p2p_time: Callable[[int, int], float] | None = None,
+) -> Timeline:
+    """Time a schedule: each rank runs its actions in order; an action starts when
+    the rank is free and what it needs has arrived. Raises :class:`ScheduleError`
+    (naming the rank and action) if the schedule is incomplete or deadlocks.
+
+    Costs: ``forward_time``/``backward_time`` per micro-batch through one rank's
+    whole stage (a chunk takes 1/v of it), or a sequence with one entry per
+    virtual stage, in seconds. A split backward costs ``(1 - weight_fraction)``
+    of ``backward_time`` for ``I`` and ``weight_fraction`` for ``W``.
+    ``p2p_time(src, dst)``: seconds for one activation or gradient message
+    between two ranks (free when None; :mod:`distlab.sim.pipeline` supplies
+    alpha-beta costs). Sends are non-blocking, receives wait.
+
+    Dependencies: F of virtual stage j needs F of j - 1; B (or I) of j needs
+    its own F and B/I of j + 1; W needs its own I.
+    """
+    fraction("weight_fraction", weight_fraction)
+    _check_complete(schedule)
+    p, v = schedule.stages, schedule.chunks
+    _check_costs(forward_time, p * v, "forward_time")
+    _check_costs(backward_time, p * v, "backward_time")
+    explicit = any(a.kind in COMM_KINDS for r in schedule.ranks for a in r)
+    send = p2p_time or (lambda src, dst: 0.0)
+    done: dict[tuple, float] = {}  # token -> time it is available
+    pos, free = [0] * p, [0.0] * p
+    entries: list[TimedAction] = []
+    held, pending = [0] * p, [0] * p
+    peak_held, peak_pending = [0] * p, [0] * p
+    while True:
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(schedule.ranks[r]):
+                a = schedule.ranks[r][pos[r]]
+                j = schedule.virtual_stage(r, a.chunk)
+                needs = _needs(a, j, p * v - 1, explicit)
+                if any(token not in done for token, _ in needs):
+                    break
+                # a message from another rank arrives p2p_time after it was made
+                arrivals = [
+                    done[token] + (0.0 if src == r else send(src, r))
+                    for token, src in ((t, schedule.rank_of(maker)) for t, maker in needs)
+                ]
+                ready = max([free[r], *arrivals])
+                cost = _action_cost(a, j, v, forward_time, backward_time, weight_fraction)
+                done[(_produces(a.kind), j, a.micro_batch)] = ready + cost
+                free[r] = ready + cost
+                if a.kind in COMPUTE_KINDS:
+                    entries.append(TimedAction(r, a, ready, ready + cost))
+                held[r] += {"F": 1, "B": -1, "I": -1}.get(a.kind, 0)
+                pending[r] += {"I": 1, "W": -1}.get(a.kind, 0)
+                peak_held[r] = max(peak_held[r], held[r])
+                peak_pending[r] = max(peak_pending[r], pending[r])
+                pos[r] += 1
+                progressed = True
+        if all(pos[r] == len(schedule.ranks[r]) for r in range(p)):
+            break
+        if not progressed:
+            raise ScheduleError(_deadlock_message(schedule, pos, done, explicit))
+    busy = tuple(sum(e.end - e.start for e in entries if e.rank == r) for r in range(p))
+    return Timeline(
+        schedule, tuple(entries), max(free), busy, tuple(peak_held), tuple(peak_pending)
+    )
+
+
+def check(schedule: Schedule) -> Timeline:
+    """Prove ``schedule`` complete and deadlock-free (raise :class:`ScheduleError`
+    naming the rank and action otherwise); the result's ``peak_in_flight[r]``
+    is the most chunk activations rank r holds (F to its B or I).
+
+    With sends and receives spelled out, every receive must find its send and
+    every forward or backward that needs a message must find its receive; a
+    send nobody receives leaves its receiver's action waiting, which is
+    reported as a deadlock naming it."""
+    return replay(schedule)
+
+
+def _produces(kind: str) -> str:
+    """The token an action of this kind makes (a send or receive makes its own kind)."""
+    return {"F": "act", "B": "grad", "I": "grad", "W": "wgrad"}.get(kind, kind)
+
+
+def _needs(a: Action, j: int, last: int, explicit: bool) -> list[tuple[tuple, int]]:
+    """(token, virtual stage that makes it) pairs the action waits for."""
+    i = a.micro_batch
+    if a.kind == "F":
+        if j == 0:
+            return []
+        return [(("RF", j, i), j)] if explicit else [(("act", j - 1, i), j - 1)]
+    if a.kind in ("B", "I"):
+        own = [(("act", j, i), j)]
+        if j == last:
+            return own
+        return own + ([(("RB", j, i), j)] if explicit else [(("grad", j + 1, i), j + 1)])
+    if a.kind == "W":
+        return [(("grad", j, i), j)]
+    if a.kind == "SF":
+        return [(("act", j, i), j)]
+    if a.kind == "SB":
+        return [(("grad", j, i), j)]
+    if a.kind == "RF":
+        return [(("SF", j - 1, i), j - 1)]
+    return [(("SB", j + 1, i), j + 1)]  # RB
+
+
+def _action_cost(a, j, v, forward_time, backward_time, weight_fraction) -> float:
+    if a.kind == "F":
+        return _cost(forward_time, j, v, "forward_time")
+    if a.kind in ("B", "I", "W"):
+        full = _cost(backward_time, j, v, "backward_time")
+        return {"B": full, "I": full * (1 - weight_fraction), "W": full * weight_fraction}[a.kind]
+    return 0.0
+
+
+def _check_complete(schedule: Schedule) -> None:
+    """Every rank runs F and (B, or I then W) exactly once per chunk and micro-batch."""
+    m, v = schedule.micro_batches, schedule.chunks
+    for r, acts in enumerate(schedule.ranks):
+        seen: dict[Action, int] = {}
+        for position, a in enumerate(acts):
+            if a.chunk >= v:
+                raise ScheduleError(f"rank {r}: action {a} uses chunk {a.chunk}, but chunks={v}")
+            j, last = schedule.virtual_stage(r, a.chunk), schedule.stages * v - 1
+            if (a.kind in ("RF", "SB") and j == 0) or (a.kind in ("SF", "RB") and j == last):
+                end = "first" if j == 0 else "last"
+                raise ScheduleError(f"rank {r}: action {a} talks past the {end} stage")
+            if a in seen:
+                raise ScheduleError(
+                    f"rank {r}: action {a} appears twice (positions {seen[a]} and {position})"
+                )
+            seen[a] = position
+        for c in range(v):
+            for i in range(m):
+                whole, split = Action(c, "B", i) in seen, Action(c, "I", i) in seen
+                missing = [Action(c, "F", i)] if Action(c, "F", i) not in seen else []
+                if whole and split:
+                    raise ScheduleError(
+                        f"rank {r}: both {Action(c, 'B', i)} and "
+                        f"{Action(c, 'I', i)}; use B, or I and W"
+                    )
+                if not whole and not split:
+                    missing.append(
+                        f"{Action(c, 'B', i)} (or {Action(c, 'I', i)} and {Action(c, 'W', i)})"
+                    )
+                elif split and Action(c, "W", i) not in seen:
+                    missing.append(Action(c, "W", i))
+                elif whole and Action(c, "W", i) in seen:
+                    raise ScheduleError(
+                        f"rank {r}: {Action(c, 'W', i)} after a whole backward "
+                        f"{Action(c, 'B', i)}; use I and W, or B alone"
+                    )
+                if missing:
+                    names = ", ".join(map(str, missing))
+                    raise ScheduleError(f"rank {r} is missing {names} (m={m}, chunks={v})")
+
+
+def _deadlock_message(schedule: Schedule, pos: list[int], done: dict, explicit: bool) -> str:
+    p, last = schedule.stages, schedule.stages * schedule.chunks - 1
+    waits = []
+    for r in range(p):
+        if pos[r] == len(schedule.ranks[r]):
+            continue
+        a = schedule.ranks[r][pos[r]]
+        j = schedule.virtual_stage(r, a.chunk)
+        missing = [t for t, _ in _needs(a, j, last, explicit) if t not in done]
+        what = "; ".join(f"{_describe(t)} from rank {schedule.rank_of(t[1])}" for t in missing)
+        waits.append(f"rank {r} waits at action {a} (position {pos[r]}) for {what}")
+    return "schedule deadlocks: " + "; ".join(waits)
+
+
+def _describe(token: tuple) -> str:
+    kind, j, i = token
+    names = {
+        "act": "the forward output",
+        "grad": "the input gradient",
+        "SF": "the activation",
+        "SB": "the gradient",
+        "RF": "a receive of the activation",
+        "RB": "a receive of the gradient",
+    }
+    return f"{names.get(kind, kind)} of micro-batch {i} at virtual stage {j}"

@@ -1,0 +1,265 @@
+"""Pipeline schedules as data: one type that is executed, simulated, counted and drawn.
+
+A schedule is, for each of the p ranks, the ordered list of actions it runs.
+An action is a kind, a model chunk and a micro-batch, written ``{chunk}{kind}{micro_batch}``:
+
+======  ==========================================================  ============
+kind    what the rank does                                          example
+======  ==========================================================  ============
+``F``   forward of the micro-batch through the chunk                ``0F3``
+``B``   whole backward (input and weight gradients)                 ``0B3``
+``I``   backward for the input gradient only (ZB's "B")             ``1I0``
+``W``   backward for the weight gradients only (ZB's "W")           ``1W0``
+``SF``  send the chunk's output activation to the next stage        ``0SF3``
+``RF``  receive the chunk's input activation from the previous one  ``0RF3``
+``SB``  send the input gradient to the previous stage               ``0SB3``
+``RB``  receive the output gradient from the next stage             ``0RB3``
+======  ==========================================================  ============
+
+This is torchtitan's ``0F0``/``0B0``/``0W0`` notation with our own names for
+the split backward (Qi et al. 2024, "Zero Bubble Pipeline Parallelism",
+call the input-gradient pass B; we call it ``I`` so that ``B`` always means
+the whole backward). Chunk c of rank r is virtual stage ``j = c p + r``
+(Narayanan et al. 2021, Section 2.2.2), so with one chunk rank r is stage r.
+
+Schedules are usually written with compute actions only; the sends and
+receives are implied by the dependencies, and :func:`with_communication`
+inserts them (a receive just before the action that needs it, a
+non-blocking send just after the action that produced it). A hand-written
+schedule may also spell them out; :func:`~distlab.calc.pipeline_replay.check` then proves that every
+send has its receive.
+
+``str(schedule)`` prints one line per rank, ``"rank 0: 0F0 0F1 0B0 0B1"``,
+and :meth:`Schedule.parse` reads that text back, so a student can write a
+schedule by hand and have it checked, simulated and run.
+
+Pure Python (no torch): :mod:`distlab.calc.pipeline_replay` checks and times
+it, :mod:`distlab.calc.pipeline` counts bubbles with it,
+:mod:`distlab.sim.pipeline` adds link costs, :mod:`distlab.parallel.pipeline`
+runs it on real processes, :mod:`distlab.viz.pipeline_plots` draws it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ._validate import positive_int
+
+COMPUTE_KINDS = ("F", "B", "I", "W")
+COMM_KINDS = ("SF", "RF", "SB", "RB")
+KINDS = COMPUTE_KINDS + COMM_KINDS
+_ACTION = re.compile(r"^(\d+)(SF|RF|SB|RB|F|B|I|W)(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    """One step of one rank: ``kind`` (see the module table) of ``micro_batch`` through ``chunk``."""
+
+    chunk: int
+    kind: str
+    micro_batch: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown action kind {self.kind!r}; allowed: {', '.join(KINDS)}")
+        for name in ("chunk", "micro_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"action {name} must be an integer >= 0, got {value!r}")
+
+    def __str__(self) -> str:
+        return f"{self.chunk}{self.kind}{self.micro_batch}"
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """``Action.parse("1B3")`` is chunk 1, backward, micro-batch 3."""
+        match = _ACTION.match(text.strip())
+        if match is None:
+            raise ValueError(
+                f"cannot read action {text!r}; write chunk, kind, micro-batch, e.g. '0F3' or "
+                f"'1SB0' (kinds: {', '.join(KINDS)})"
+            )
+        return cls(int(match[1]), match[2], int(match[3]))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``ranks[r]`` is rank r's actions in order; ``chunks`` (v) model chunks per rank."""
+
+    ranks: tuple[tuple[Action, ...], ...]
+    chunks: int = 1
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ValueError("a schedule needs at least one rank's actions")
+        positive_int("chunks", self.chunks)
+        object.__setattr__(self, "ranks", tuple(tuple(r) for r in self.ranks))
+        for r, acts in enumerate(self.ranks):
+            for a in acts:
+                if not isinstance(a, Action):
+                    raise TypeError(
+                        f"rank {r}: {a!r} is not an Action; use Action.parse({str(a)!r}) "
+                        "or Schedule.parse for text"
+                    )
+
+    @property
+    def stages(self) -> int:
+        """p, the number of ranks."""
+        return len(self.ranks)
+
+    @property
+    def micro_batches(self) -> int:
+        """m: one more than the largest micro-batch index used."""
+        return 1 + max((a.micro_batch for r in self.ranks for a in r), default=-1)
+
+    def virtual_stage(self, rank: int, chunk: int) -> int:
+        """j = chunk * p + rank (Narayanan et al. 2021, Section 2.2.2)."""
+        return chunk * self.stages + rank
+
+    def rank_of(self, virtual_stage: int) -> int:
+        return virtual_stage % self.stages
+
+    def __str__(self) -> str:
+        return "\n".join(
+            f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.ranks)
+        )
+
+    @classmethod
+    def parse(cls, text: str, *, chunks: int | None = None, name: str = "custom") -> Schedule:
+        """Read ``str(schedule)`` back: one line per rank, ``"rank 0: 0F0 0B0"`` or just
+        ``"0F0 0B0"``. ``chunks`` defaults to one more than the largest chunk used."""
+        rows = []
+        for line in text.strip().splitlines():
+            body = line.split(":", 1)[1] if ":" in line else line
+            rows.append(tuple(Action.parse(word) for word in body.split()))
+        v = chunks if chunks is not None else 1 + max((a.chunk for r in rows for a in r), default=0)
+        return cls(tuple(rows), v, name)
+
+
+# -- generators -----------------------------------------------------------------
+
+
+def gpipe(stages: int, micro_batches: int) -> Schedule:
+    """GPipe (Huang et al. 2019): every rank runs all m forwards, then all m backwards."""
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    row = [Action(0, "F", i) for i in range(m)] + [Action(0, "B", i) for i in range(m)]
+    return Schedule(tuple(tuple(row) for _ in range(p)), 1, "gpipe")
+
+
+def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
+    """1F1B / PipeDream-Flush (Narayanan et al. 2021, Section 2.2.1): rank r runs
+    min(p - r - 1, m) warm-up forwards, then alternates one forward and one
+    backward, then drains the remaining backwards."""
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    ranks = [
+        _warmup_then_alternate(min(p - r - 1, m), m, lambda k, kind: Action(0, kind, k))
+        for r in range(p)
+    ]
+    return Schedule(tuple(ranks), 1, "1f1b")
+
+
+def interleaved(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al. 2021, Section 2.2.2) with v = ``chunks`` per rank.
+
+    Micro-batches go through the chunks in groups of p: the k-th forward of a
+    rank is micro-batch (k // (p v)) p + k % p through chunk (k % (p v)) // p;
+    backwards visit the chunks in reverse. Rank r warms up with
+    2(p - r - 1) + (v - 1) p forwards (all of them when m = p), as Megatron-LM
+    does, and like Megatron-LM needs m to be a multiple of p.
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    v = positive_int("chunks", chunks)
+    if m % p:
+        raise ValueError(
+            f"the interleaved schedule needs micro_batches to be a multiple of stages; "
+            f"got micro_batches={m}, stages={p} (try micro_batches={p * -(-m // p)})"
+        )
+
+    def action(k: int, kind: str) -> Action:
+        chunk = (k % (p * v)) // p
+        return Action(v - 1 - chunk if kind == "B" else chunk, kind, (k // (p * v)) * p + k % p)
+
+    total = m * v
+    ranks = []
+    for r in range(p):
+        warmup = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
+        ranks.append(_warmup_then_alternate(warmup, total, action))
+    return Schedule(tuple(ranks), v, "interleaved")
+
+
+def zb_h1(stages: int, micro_batches: int) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, Section 3.1): 1F1B with the backward split into
+    I (input gradient, on the critical path) and W (weight gradient, free to wait).
+
+    Rank r runs 1F1B's min(p - r - 1, m) warm-up forwards, then F, I pairs,
+    holding back its first r weight passes: W of micro-batch k - r follows I
+    of micro-batch k. The held-back W's fill the idle slots at the end, so
+    the bubble shrinks from (p-1)(T_F + T_B) to (p-1)(T_F + T_I - T_W) while
+    the first rank still holds at most p micro-batches' activations.
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    ranks = []
+    for r in range(p):
+        warmup = min(p - r - 1, m)
+        row = [Action(0, "F", i) for i in range(warmup)]
+        next_w = 0
+        for k in range(m):
+            if warmup + k < m:
+                row.append(Action(0, "F", warmup + k))
+            row.append(Action(0, "I", k))
+            if k >= r or warmup + k >= m:  # held back r W's, but not past the cool-down
+                row.append(Action(0, "W", next_w))
+                next_w += 1
+        row += [Action(0, "W", i) for i in range(next_w, m)]
+        ranks.append(tuple(row))
+    return Schedule(tuple(ranks), 1, "zb_h1")
+
+
+def _warmup_then_alternate(warmup: int, total: int, make: Callable) -> tuple[Action, ...]:
+    """``warmup`` forwards, then (forward, backward) pairs, then the remaining backwards."""
+    row = [make(k, "F") for k in range(warmup)]
+    for k in range(total - warmup):
+        row += [make(warmup + k, "F"), make(k, "B")]
+    row += [make(k, "B") for k in range(total - warmup, total)]
+    return tuple(row)
+
+
+GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb_h1": zb_h1}
+
+
+def build(name: str, stages: int, micro_batches: int, *, chunks: int = 1) -> Schedule:
+    """``build("interleaved", 4, 8, chunks=2)``: the schedule called ``name`` (see GENERATORS)."""
+    if name not in GENERATORS:
+        raise ValueError(f"unknown schedule {name!r}; allowed: {', '.join(map(repr, GENERATORS))}")
+    if name == "interleaved":
+        return interleaved(stages, micro_batches, chunks)
+    if chunks != 1:
+        raise ValueError(f"chunks={chunks} needs schedule 'interleaved' (got {name!r})")
+    return GENERATORS[name](stages, micro_batches)
+
+
+def with_communication(schedule: Schedule) -> Schedule:
+    """The same schedule with its sends and receives spelled out: ``RF`` before each
+    forward that needs a previous stage's output, ``SF`` after each forward whose
+    output a next stage needs, ``RB``/``SB`` likewise around each ``B`` or ``I``."""
+    if any(a.kind in COMM_KINDS for r in schedule.ranks for a in r):
+        return schedule
+    last = schedule.stages * schedule.chunks - 1
+    rows = []
+    for r, acts in enumerate(schedule.ranks):
+        row: list[Action] = []
+        for a in acts:
+            j = schedule.virtual_stage(r, a.chunk)
+            if a.kind == "F":
+                row += [Action(a.chunk, "RF", a.micro_batch)] if j > 0 else []
+                row += [a] + ([Action(a.chunk, "SF", a.micro_batch)] if j < last else [])
+            elif a.kind in ("B", "I"):
+                row += [Action(a.chunk, "RB", a.micro_batch)] if j < last else []
+                row += [a] + ([Action(a.chunk, "SB", a.micro_batch)] if j > 0 else [])
+            else:
+                row.append(a)
+        rows.append(tuple(row))
+    return Schedule(tuple(rows), schedule.chunks, schedule.name)

@@ -1,0 +1,66 @@
+"""Pipeline parallelism: schedules as data, stages cut from a model, an executor.
+
+==============  =============================================================
+``schedule``    the schedule type and generators (GPipe, 1F1B, interleaved,
+                ZB-H1), the checker and the replay; defined, torch-free, in
+                :mod:`distlab.calc.pipeline_schedule` and
+                :mod:`distlab.calc.pipeline_replay`, re-exported here
+``partition``   the tiny GPT as a list of layers; balanced cuts by parameter
+                count or measured time
+``stage``       :class:`PipelineStage`: one rank's model chunks
+``executor``    :func:`run_pipeline`: one rank walks its actions, sending
+                activations and gradients point-to-point
+==============  =============================================================
+
+The schedule lives in :mod:`distlab.calc` because the bubble calculator,
+the simulator and the plots read it without importing torch; this package
+is where it runs. Inside ``distlab.run(fn, world_size=p)``::
+
+    schedule = one_f_one_b(p, 4)
+    stage = gpt_stage(GPT(config), rank, p)
+    run = run_pipeline(schedule, stage, tokens, targets)   # gradients in .grad
+"""
+
+from __future__ import annotations
+
+from distlab.calc.pipeline_replay import ScheduleError, Timeline, check, replay
+from distlab.calc.pipeline_schedule import (
+    Action,
+    Schedule,
+    build,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+    with_communication,
+    zb_h1,
+)
+
+from .executor import PipelineError, RankRun, measured_timeline, run_pipeline
+from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs
+from .stage import PipelineStage, gpt_stage, next_token_loss
+
+__all__ = [
+    "Action",
+    "PipelineError",
+    "PipelineStage",
+    "RankRun",
+    "Schedule",
+    "ScheduleError",
+    "Timeline",
+    "balanced_split",
+    "build",
+    "check",
+    "gpipe",
+    "gpt_layers",
+    "gpt_stage",
+    "interleaved",
+    "measured_costs",
+    "measured_timeline",
+    "next_token_loss",
+    "one_f_one_b",
+    "parameter_costs",
+    "replay",
+    "run_pipeline",
+    "with_communication",
+    "zb_h1",
+]

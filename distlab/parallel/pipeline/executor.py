@@ -1,0 +1,287 @@
+"""Run a pipeline schedule on real processes, one action at a time.
+
+Each rank walks its list of actions (:mod:`distlab.calc.pipeline_schedule`,
+sends and receives inserted by ``with_communication``) and does exactly what
+each one says:
+
+* ``RF``: receive the input activation of a chunk from the previous stage's rank;
+* ``F``: run the chunk forward (the first stage reads the tokens, the last one
+  returns the loss divided by m), keep its input and output for the backward;
+* ``SF``: send the output to the next stage's rank (non-blocking ``isend``);
+* ``RB``: receive the gradient of the chunk's output from the next stage;
+* ``B``: backward through the chunk, accumulating weight gradients; ``I``:
+  only the gradient of the chunk's input (``torch.autograd.grad``), ``W``:
+  only the weight gradients, later (``backward(inputs=weights)`` re-walks the
+  chunk's graph, so on this executor I + W costs more than B: real
+  zero-bubble code splits every layer's backward in two instead);
+* ``SB``: send the input's gradient to the previous stage.
+
+Every message is a small header (the tensor's shape and dtype) and then the
+tensor, tagged with the micro-batch and virtual stage, so a stage needs no
+shapes in advance and a mismatch is reported by name. Gradients of the m
+micro-batches add up in ``.grad`` (each loss is divided by m), so one step
+equals single-process training on the whole batch.
+
+The schedule is checked (complete, deadlock-free) before anything runs, and
+an action that raises is reported as ``rank r: action 0F3 ...``; the
+launcher then stops every rank, so a failure never hangs the others.
+
+Timing: every compute action records its start and end on the machine's
+monotonic clock (shared by all processes), so the ranks' timelines line up.
+``fixed_cost`` adds a known sleep per action (seconds per whole stage; a
+chunk of an interleaved schedule sleeps 1/v of it): on a busy 2-core laptop
+the real compute of a tiny GPT is too small and too noisy to show a bubble,
+a sleep is neither (it uses no core).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from distlab.calc.pipeline_replay import TimedAction, Timeline, check
+from distlab.calc.pipeline_schedule import Action, Schedule, with_communication
+
+from .stage import PipelineStage
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_HEADER = 8  # ndim, dtype index, up to 6 sizes
+
+
+class PipelineError(RuntimeError):
+    """An action failed; the message names the rank and the action."""
+
+
+@dataclass
+class RankRun:
+    """What one rank measured during one step."""
+
+    rank: int
+    entries: list[TimedAction]
+    loss: float | None  # sum of the micro-batch losses / m, on the last stage's rank
+    peak_in_flight: int
+    peak_pending_weight_grads: int
+    peak_activation_bytes: int
+    activation_bytes: dict[int, int]  # chunk -> bytes one micro-batch's forward saves
+
+
+def measured_timeline(schedule: Schedule, runs: list[RankRun]) -> Timeline:
+    """One :class:`Timeline` from every rank's :class:`RankRun` (times from the earliest start)."""
+    entries = [e for run in runs for e in run.entries]
+    t0 = min(e.start for e in entries)
+    shifted = tuple(TimedAction(e.rank, e.action, e.start - t0, e.end - t0) for e in entries)
+    busy = tuple(sum(e.end - e.start for e in run.entries) for run in runs)
+    return Timeline(
+        schedule,
+        shifted,
+        max(e.end for e in shifted),
+        busy,
+        tuple(run.peak_in_flight for run in runs),
+        tuple(run.peak_pending_weight_grads for run in runs),
+    )
+
+
+def run_pipeline(
+    schedule: Schedule,
+    stage: PipelineStage,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    fixed_cost: dict[str, float] | None = None,
+) -> RankRun:
+    """Run this rank's actions of ``schedule`` for one step on the whole batch
+    ``inputs``/``targets`` (cut into ``schedule.micro_batches`` micro-batches).
+    Gradients accumulate into the stage's parameters; step the optimizer after."""
+    check(schedule)  # raises ScheduleError naming the rank and action
+    m = schedule.micro_batches
+    if inputs.shape[0] % m or inputs.shape[0] < m:
+        raise ValueError(f"batch of {inputs.shape[0]} cannot be cut into m={m} equal micro-batches")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if schedule.stages != world or schedule.chunks != stage.num_chunks or stage.rank != rank:
+        raise ValueError(
+            f"rank {rank}: schedule has {schedule.stages} ranks x {schedule.chunks} chunks, "
+            f"the job {world} ranks, the stage is rank {stage.rank} with {stage.num_chunks} chunks"
+        )
+    # each micro-batch a copy of its own, so the bytes autograd saves for it are its own
+    micro_inputs = [t.clone() for t in inputs.chunk(m)]
+    runner = _Runner(schedule, stage, micro_inputs, targets.chunk(m), fixed_cost or {})
+    for action in with_communication(schedule).ranks[rank]:
+        try:
+            runner.do(action)
+        except Exception as error:
+            raise PipelineError(
+                f"rank {rank}: action {action} ({_WHAT[action.kind]} of micro-batch "
+                f"{action.micro_batch}, chunk {action.chunk}) failed: {error}"
+            ) from error
+    return runner.finish()
+
+
+_WHAT = {
+    "F": "forward",
+    "B": "backward",
+    "I": "input-gradient backward",
+    "W": "weight-gradient backward",
+    "SF": "send activation",
+    "RF": "receive activation",
+    "SB": "send gradient",
+    "RB": "receive gradient",
+}
+
+
+class _Runner:
+    """One rank's state during a step: stashed activations, received tensors, open sends."""
+
+    def __init__(self, schedule, stage, inputs, targets, fixed_cost) -> None:
+        self.schedule, self.stage = schedule, stage
+        self.inputs, self.targets = inputs, targets
+        self.m, self.v = schedule.micro_batches, schedule.chunks
+        self.sleep = {k: s / self.v for k, s in fixed_cost.items()}
+        params = stage.parameters()
+        self.device = params[0].device if params else torch.device("cpu")
+        self.model_state = {p.untyped_storage().data_ptr() for p in params}
+        self.received: dict[tuple[str, int, int], torch.Tensor] = {}
+        self.stash: dict[tuple[int, int], tuple] = {}  # (chunk, mb) -> (input, output)
+        self.sends: list = []  # open isend works
+        self.sent: list[torch.Tensor] = []  # their tensors, alive until the sends complete
+        self.entries: list[TimedAction] = []
+        self.loss = 0.0
+        self.held = self.pending = self.held_bytes = 0
+        self.peaks = [0, 0, 0]
+        self.activation_bytes: dict[int, int] = {}
+
+    # -- messages ---------------------------------------------------------------
+    def _tag(self, kind: str, j: int, i: int) -> int:
+        return 4 * (i * self.schedule.stages * self.v + j) + (0 if kind == "act" else 2)
+
+    def _send(self, tensor: torch.Tensor, to_stage: int, tag: int) -> None:
+        tensor = tensor.detach().contiguous()
+        header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+        header[0], header[1] = tensor.dim(), _DTYPES.index(tensor.dtype)
+        header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
+        peer = self.schedule.rank_of(to_stage)
+        self.sends += [dist.isend(header, peer, tag=tag), dist.isend(tensor, peer, tag=tag + 1)]
+        self.sent += [header, tensor]
+
+    def _recv(self, from_stage: int, tag: int) -> torch.Tensor:
+        peer = self.schedule.rank_of(from_stage)
+        header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+        dist.recv(header, peer, tag=tag)
+        ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
+        tensor = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=self.device)
+        dist.recv(tensor, peer, tag=tag + 1)
+        return tensor
+
+    # -- actions ----------------------------------------------------------------
+    def do(self, a: Action) -> None:
+        c, i = a.chunk, a.micro_batch
+        j = self.stage.virtual_stage(c)
+        if a.kind == "RF":
+            self.received[("act", c, i)] = self._recv(j - 1, self._tag("act", j - 1, i))
+        elif a.kind == "RB":
+            self.received[("grad", c, i)] = self._recv(j + 1, self._tag("grad", j + 1, i))
+        elif a.kind == "SF":
+            self._send(self.stash[(c, i)][1], j + 1, self._tag("act", j, i))
+        elif a.kind == "SB":
+            self._send(self.received.pop(("input_grad", c, i)), j - 1, self._tag("grad", j, i))
+        else:
+            start = time.monotonic()
+            getattr(self, f"_{a.kind}")(c, i)
+            if a.kind in self.sleep:
+                time.sleep(self.sleep[a.kind])
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.entries.append(TimedAction(self.stage.rank, a, start, time.monotonic()))
+        self.peaks = [
+            max(p, n) for p, n in zip(self.peaks, (self.held, self.pending, self.held_bytes))
+        ]
+
+    def _F(self, c: int, i: int) -> None:
+        if self.stage.is_first(c):
+            x = self.inputs[i].to(self.device)
+        else:
+            x = self.received.pop(("act", c, i)).requires_grad_(True)
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in self.model_state:
+                saved[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = self.stage.chunks[c](x)
+            if self.stage.is_last(c):
+                out = self.stage.loss_fn(out, self.targets[i].to(self.device)) / self.m
+                self.loss += float(out.detach())
+        nbytes = sum(saved.values())
+        self.activation_bytes[c] = nbytes
+        self.stash[(c, i)] = (x, out, nbytes)
+        self.held += 1
+        self.held_bytes += nbytes
+
+    def _output_grad(self, c: int, i: int, out: torch.Tensor):
+        if self.stage.is_last(c):
+            return None
+        grad = self.received.pop(("grad", c, i))
+        if grad.shape != out.shape:
+            raise ValueError(
+                f"received a gradient of shape {tuple(grad.shape)} for an output of shape "
+                f"{tuple(out.shape)}: the next stage disagrees on shapes"
+            )
+        return grad
+
+    def _B(self, c: int, i: int) -> None:
+        x, out, nbytes = self.stash.pop((c, i))
+        out.backward(self._output_grad(c, i, out))
+        if not self.stage.is_first(c):
+            self.received[("input_grad", c, i)] = x.grad
+        self.held -= 1
+        self.held_bytes -= nbytes
+
+    def _I(self, c: int, i: int) -> None:
+        x, out, nbytes = self.stash[(c, i)]
+        grad = self._output_grad(c, i, out)
+        self.stash[(c, i)] = (x, out, nbytes, grad)
+        if not self.stage.is_first(c):
+            (self.received[("input_grad", c, i)],) = torch.autograd.grad(
+                out, x, grad, retain_graph=True
+            )
+        self.held -= 1
+        self.pending += 1
+
+    def _W(self, c: int, i: int) -> None:
+        _, out, nbytes, grad = self.stash.pop((c, i))
+        weights = [p for p in self.stage.chunks[c].parameters() if p.requires_grad]
+        out.backward(grad, inputs=weights)
+        self.pending -= 1
+        self.held_bytes -= nbytes
+
+    # -- end of step ------------------------------------------------------------
+    def finish(self) -> RankRun:
+        for work in self.sends:
+            work.wait()
+        self.sends, self.sent = [], []
+        self._sum_tied_gradients()
+        return RankRun(
+            self.stage.rank,
+            self.entries,
+            self.loss if self.stage.is_last(self.v - 1) else None,
+            self.peaks[0],
+            self.peaks[1],
+            self.peaks[2],
+            self.activation_bytes,
+        )
+
+    def _sum_tied_gradients(self) -> None:
+        """Ranks 0 and p - 1 add each other's part of a shared weight's gradient."""
+        peer = self.stage.tied_peer
+        for p in self.stage.tied:
+            mine = p.grad if p.grad is not None else torch.zeros_like(p)
+            theirs = torch.empty_like(mine)
+            work = dist.isend(mine.contiguous(), peer, tag=1 << 30)
+            dist.recv(theirs, peer, tag=1 << 30)
+            work.wait()
+            p.grad = mine + theirs

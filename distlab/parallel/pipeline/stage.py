@@ -1,0 +1,107 @@
+"""What one rank holds in a pipeline: its model chunks, and which one is first or last.
+
+Chunk c of rank r is virtual stage j = c p + r (one chunk per rank unless the
+schedule is interleaved). The first virtual stage reads the input tokens,
+the last one computes the loss. :func:`gpt_stage` cuts the tiny GPT of
+:mod:`distlab.models` with :func:`~distlab.parallel.pipeline.partition.balanced_split`.
+
+A GPT with tied embeddings uses one weight in its first layer (token
+embedding) and its last (the head), which live on rank 0 and rank p - 1.
+Each of those two ranks gets only its own part of that weight's gradient,
+so after the backward passes they add each other's part, as Megatron-LM's
+embedding group does (Shoeybi et al. 2019; Narayanan et al. 2021, Section 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from distlab.models import GPT
+
+from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs
+
+BALANCE = ("params", "time")
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every token, as :meth:`distlab.models.GPT.loss`."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+@dataclass
+class PipelineStage:
+    """Rank ``rank``'s chunks of a model cut into ``stages * num_chunks`` virtual stages."""
+
+    rank: int
+    stages: int
+    chunks: dict[int, nn.Module]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss
+    tied: list[nn.Parameter] = field(default_factory=list)
+    tied_peer: int | None = None
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    def virtual_stage(self, chunk: int) -> int:
+        return chunk * self.stages + self.rank
+
+    def is_first(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == 0
+
+    def is_last(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == self.stages * self.num_chunks - 1
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters, each once."""
+        seen: dict[int, nn.Parameter] = {}
+        for module in self.chunks.values():
+            for p in module.parameters():
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+
+def gpt_stage(
+    model: GPT,
+    rank: int,
+    stages: int,
+    *,
+    chunks: int = 1,
+    balance: str | Sequence[range] = "params",
+    sample: torch.Tensor | None = None,
+) -> PipelineStage:
+    """Rank ``rank``'s part of ``model``, cut into ``stages * chunks`` virtual stages.
+
+    ``balance``: ``"params"`` (equal parameter counts), ``"time"`` (equal
+    measured forward + backward time on ``sample`` tokens, the same on every
+    rank only if the timings agree: pass the cut to every rank instead when
+    in doubt), or the cut itself, a list of ``range`` s of layer indices
+    (:func:`~distlab.parallel.pipeline.partition.gpt_layers` order).
+    """
+    layers = gpt_layers(model)
+    parts = stages * chunks
+    if isinstance(balance, str):
+        if balance not in BALANCE:
+            raise ValueError(f"unknown balance {balance!r}; allowed: {BALANCE} or a list of ranges")
+        if balance == "time" and sample is None:
+            raise ValueError("balance='time' needs sample tokens to time the layers on")
+        costs = parameter_costs(layers) if balance == "params" else measured_costs(layers, sample)
+        cut = balanced_split(costs, parts)
+    else:
+        cut = list(balance)
+        covered = [i for r in cut for i in r]
+        if len(cut) != parts or covered != list(range(len(layers))):
+            raise ValueError(
+                f"balance must cut layers 0..{len(layers) - 1} in order into {parts} ranges, "
+                f"got {cut}"
+            )
+    mine = {c: nn.Sequential(*(layers[i] for i in cut[c * stages + rank])) for c in range(chunks)}
+    tied, peer = [], None
+    if model.head.weight is model.tok.weight and stages > 1 and rank in (0, stages - 1):
+        tied, peer = [model.tok.weight], stages - 1 - rank
+    return PipelineStage(rank, stages, mine, tied=tied, tied_peer=peer)

@@ -1,0 +1,181 @@
+"""The pipeline executor on 2, 3 and 4 gloo ranks against single-process training.
+
+One launch per pipeline size runs every schedule (GPipe, 1F1B, interleaved
+with v = 2, ZB-H1) on the tiny GPT (6 blocks, tied embeddings, so the first
+and last stages share a weight), for a sample of micro-batch counts m in
+1..8: gradients after one step and losses over 10 SGD steps must equal
+training the whole model on the whole batch in one process. Tolerance:
+m micro-batches add their gradients in another order than one big batch,
+so fp32 results differ by rounding: ``rtol=1e-5, atol=1e-6``.
+
+Each rank also reports what it measured: its timeline (every action starts
+after the actions it depends on ended, on the machine's shared monotonic
+clock), and its peak in-flight activations, which must equal the count the
+schedule's replay predicts and, on the first stage, the closed form of
+:func:`distlab.calc.pipeline.in_flight_micro_batches`; in bf16 with dropout,
+the first stage's saved bytes equal Korthikanti et al.'s per-layer count
+(:func:`distlab.calc.memory.activation_bytes_per_layer`) plus the named extras.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import distlab
+from distlab.calc.memory import activation_bytes_per_layer
+from distlab.calc.pipeline import in_flight_micro_batches
+from distlab.calc.pipeline_replay import check
+from distlab.calc.pipeline_schedule import build
+from distlab.models import GPT, GPTConfig, gpt_batch
+
+CONFIG = GPTConfig(layers=6)  # 8 pipeline layers: embedding, 6 blocks, head
+STEPS, LR = 10, 0.05
+# p: [(schedule, m, v)], m sampled from 1..8 so every p sees small and large m
+CASES = {
+    2: [("gpipe", 1, 1), ("1f1b", 3, 1), ("interleaved", 4, 2), ("zb_h1", 2, 1)],
+    3: [("gpipe", 4, 1), ("1f1b", 2, 1), ("interleaved", 3, 2), ("zb_h1", 5, 1)],
+    4: [("gpipe", 6, 1), ("1f1b", 8, 1), ("interleaved", 4, 2), ("zb_h1", 4, 1)],
+}
+
+
+def batch_for(m: int, seed: int):
+    return gpt_batch(2 * m, CONFIG, seed=seed)  # two sequences per micro-batch
+
+
+def pipeline_worker(rank, world_size, cases):
+    from distlab.parallel.pipeline import build, gpt_stage, run_pipeline
+
+    torch.set_num_threads(1)  # one core per rank, no oversubscription
+
+    out = []
+    for seed, (name, m, v) in enumerate(cases):
+        model = GPT(CONFIG, seed=0)
+        stage = gpt_stage(model, rank, world_size, chunks=v)
+        optimizer = torch.optim.SGD(stage.parameters(), lr=LR, momentum=0.9)
+        schedule = build(name, world_size, m, chunks=v)
+        tokens, targets = batch_for(m, seed)
+        losses, first = [], None
+        for step in range(STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            run = run_pipeline(schedule, stage, tokens, targets)
+            if step == 0:
+                mine = {id(p) for p in stage.parameters()}
+                grads = {n: p.grad.clone() for n, p in model.named_parameters() if id(p) in mine}
+                first = (run, grads)
+            losses.append(run.loss)
+            optimizer.step()
+        out.append({"run": first[0], "grads": first[1], "losses": losses})
+    return out
+
+
+def reference(m: int, seed: int):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on a loaded 2-core machine run 40x slower
+    try:
+        return _train_single_process(m, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_single_process(m: int, seed: int):
+    model = GPT(CONFIG, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    tokens, targets = batch_for(m, seed)
+    losses, grads = [], None
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model.loss(tokens, targets)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        losses.append(loss.item())
+        optimizer.step()
+    return grads, losses
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def launched(request):
+    p = request.param
+    return p, distlab.run(pipeline_worker, p, args=(CASES[p],), timeout=300)
+
+
+def test_gradients_and_losses_equal_single_process(launched):
+    p, results = launched
+    for index, (name, m, v) in enumerate(CASES[p]):
+        want_grads, want_losses = reference(m, index)
+        grads = {}
+        for rank_results in results:
+            grads.update(rank_results[index]["grads"])
+        assert grads.keys() == want_grads.keys(), (name, m, v)
+        for key, want in want_grads.items():
+            torch.testing.assert_close(grads[key], want, rtol=1e-5, atol=1e-6, msg=key)
+        losses = results[p - 1][index]["losses"]  # the last stage's rank has the loss
+        assert all(rank_results[index]["losses"][0] is None for rank_results in results[:-1])
+        assert losses == pytest.approx(want_losses, rel=1e-5), (name, m, v)
+        assert losses[-1] < losses[0]
+
+
+def test_measured_timeline_respects_dependencies(launched):
+    from distlab.parallel.pipeline import measured_timeline
+
+    p, results = launched
+    for index, (name, m, v) in enumerate(CASES[p]):
+        schedule = build(name, p, m, chunks=v)
+        timeline = measured_timeline(schedule, [r[index]["run"] for r in results])
+        assert len(timeline.entries) == sum(len(actions) for actions in schedule.ranks)
+        end = {}
+        for e in timeline.entries:
+            j = schedule.virtual_stage(e.rank, e.action.chunk)
+            end[(e.action.kind if e.action.kind != "I" else "B", j, e.action.micro_batch)] = e.end
+        for e in timeline.entries:
+            j, i = schedule.virtual_stage(e.rank, e.action.chunk), e.action.micro_batch
+            if e.action.kind == "F" and j > 0:
+                assert e.start >= end[("F", j - 1, i)]
+            if e.action.kind in ("B", "I") and j < p * v - 1:
+                assert e.start >= end[("B", j + 1, i)]
+        assert 0 < timeline.bubble_fraction < 1
+
+
+def test_in_flight_activations_as_the_schedule_and_papers_say(launched):
+    p, results = launched
+    for index, (name, m, v) in enumerate(CASES[p]):
+        runs = [r[index]["run"] for r in results]
+        predicted = check(build(name, p, m, chunks=v))
+        assert tuple(run.peak_in_flight for run in runs) == predicted.peak_in_flight
+        first = runs[0]
+        expected = in_flight_micro_batches(p, m, schedule=name, virtual_stages=v)
+        assert first.peak_in_flight / v == pytest.approx(expected)
+        if v == 1:  # every micro-batch saves the same bytes: peak = in flight x one's bytes
+            assert first.peak_activation_bytes == expected * first.activation_bytes[0]
+        if name == "zb_h1":
+            assert max(run.peak_pending_weight_grads for run in runs) > 0
+
+
+def bf16_worker(rank, world_size, m):
+    from distlab.parallel.pipeline import gpt_stage, one_f_one_b, run_pipeline
+
+    torch.set_num_threads(1)
+    config = GPTConfig(layers=2, dropout=0.1)
+    model = GPT(config, seed=0).to(torch.bfloat16).train()
+    stage = gpt_stage(model, rank, world_size)  # embedding + block 0 | block 1 + head
+    tokens, targets = gpt_batch(2 * m, config)
+    return run_pipeline(one_f_one_b(world_size, m), stage, tokens, targets)
+
+
+def test_first_stage_activation_bytes_match_korthikanti():
+    """Rank 0 holds the embedding and one GPT block, in bf16 with dropout (the paper's
+    setting). One micro-batch saves the block's sbh(34 + 5as/h) bytes
+    (:func:`distlab.calc.memory.activation_bytes_per_layer`), plus what the paper leaves
+    out: LayerNorm's mean and 1/std (4 tensors of b s bf16 numbers) and the embedding's
+    token and position indices (int64). Its peak is that times 1F1B's in-flight count."""
+    m, b = 4, 2
+    runs = distlab.run(bf16_worker, 2, args=(m,), timeout=300)
+    c = GPTConfig(layers=2)
+    per_layer = activation_bytes_per_layer(
+        seq_len=c.seq_len, micro_batch=b, hidden=c.hidden, heads=c.heads
+    )
+    extras = 4 * b * c.seq_len * 2 + b * c.seq_len * 8 + c.seq_len * 8
+    assert runs[0].activation_bytes[0] == per_layer + extras
+    in_flight = in_flight_micro_batches(2, m, schedule="1f1b")
+    assert runs[0].peak_activation_bytes == in_flight * (per_layer + extras)

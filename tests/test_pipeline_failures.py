@@ -1,0 +1,81 @@
+"""Pipeline failures end every rank with an error naming the rank and the action, never a hang.
+
+Each job runs on two gloo ranks with a 60 s launcher timeout (a hang would
+fail the test with ``LaunchTimeoutError`` instead of ``RankError``).
+Failures caught before anything runs (a schedule that needs more micro-batches,
+a batch that does not split) are checked without launching.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+import distlab
+from distlab.calc.pipeline_replay import ScheduleError, check
+from distlab.calc.pipeline_schedule import Schedule, interleaved
+from distlab.models import GPT, GPTConfig, gpt_batch
+
+CONFIG = GPTConfig(layers=2)
+
+
+class RaiseAt(nn.Module):
+    """Runs ``inner``, but raises on the ``n``-th call (a stage with a bug)."""
+
+    def __init__(self, inner: nn.Module, n: int) -> None:
+        super().__init__()
+        self.inner, self.n, self.calls = inner, n, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("injected failure")
+        return self.inner(x)
+
+
+def faulty_worker(rank, world_size, fault, text):
+    from distlab.parallel.pipeline import build, gpt_stage, run_pipeline
+
+    stage = gpt_stage(GPT(CONFIG, seed=0), rank, world_size)
+    schedule = Schedule.parse(text) if text else build("1f1b", world_size, 4)
+    if fault == "raise" and rank == 1:
+        stage.chunks[0] = RaiseAt(stage.chunks[0], 3)  # the forward of micro-batch 2
+    if fault == "shape" and rank == 0:  # the first stage emits 48 features, the next expects 32
+        stage.chunks[0] = nn.Sequential(stage.chunks[0], nn.Linear(CONFIG.hidden, 48))
+    tokens, targets = gpt_batch(8, CONFIG)
+    run_pipeline(schedule, stage, tokens, targets)
+
+
+@pytest.mark.parametrize(
+    ("fault", "text", "match"),
+    [
+        ("raise", "", r"rank 1: action 0F2 \(forward of micro-batch 2, chunk 0\) failed: injected"),
+        ("shape", "", r"rank 1: action 0F0 \(forward of micro-batch 0, chunk 0\) failed"),
+        (
+            "",
+            "rank 0: 0F0 0B0 0F1 0B1\nrank 1: 0F1 0B1 0F0 0B0",
+            r"ScheduleError: schedule deadlocks: rank 0 waits at action 0B0",
+        ),
+    ],
+)
+def test_failure_names_rank_and_action(fault, text, match):
+    with pytest.raises(distlab.RankError, match=match) as caught:
+        distlab.run(faulty_worker, 2, args=(fault, text), timeout=60)
+    if fault:
+        assert caught.value.rank == 1
+
+
+def test_too_few_micro_batches_fail_before_running():
+    with pytest.raises(ValueError, match="micro_batches=2, stages=4"):
+        interleaved(4, 2, 2)
+    with pytest.raises(ScheduleError, match="rank 1 is missing 0F1"):
+        check(Schedule.parse("rank 0: 0F0 0F1 0B0 0B1\nrank 1: 0F0 0B0"))
+
+
+def test_batch_must_split_into_micro_batches():
+    from distlab.parallel.pipeline import build, gpt_stage, run_pipeline
+
+    stage = gpt_stage(GPT(CONFIG, seed=0), 0, 1)
+    tokens, targets = gpt_batch(5, CONFIG)
+    with pytest.raises(ValueError, match="batch of 5 cannot be cut into m=2"):
+        run_pipeline(build("gpipe", 1, 2), stage, tokens, targets)

@@ -1,0 +1,190 @@
+"""The pipeline schedule type: text form, generators, checker, and the alpha-beta replay."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from distlab.calc.pipeline import bubble_fraction
+from distlab.calc.pipeline_replay import ScheduleError, check, replay
+from distlab.calc.pipeline_schedule import (
+    Action,
+    Schedule,
+    build,
+    interleaved,
+    with_communication,
+)
+from distlab.sim import Link, uniform_cluster
+from distlab.sim.pipeline import p2p_seconds, simulate_pipeline
+
+ALL = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1)]
+
+
+def test_imports_without_torch():
+    code = (
+        "import sys, distlab.calc.pipeline_schedule, distlab.calc.pipeline_replay, "
+        "distlab.calc.pipeline, distlab.sim.pipeline, distlab.viz.pipeline_plots; "
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(("name", "v"), ALL)
+def test_text_form_round_trips(name, v):
+    plan = build(name, 4, 8, chunks=v)
+    assert Schedule.parse(str(plan)) == plan
+    lowered = with_communication(plan)
+    assert Schedule.parse(str(lowered), chunks=v) == lowered
+
+
+def test_text_form_reads_by_hand():
+    plan = Schedule.parse("rank 0: 0F0 0F1 0B0 0B1\nrank 1: 0F0 0B0 0F1 0B1")
+    assert plan.ranks[0][2] == Action(0, "B", 0)
+    assert (plan.stages, plan.micro_batches, plan.chunks) == (2, 2, 1)
+    assert str(Action.parse("1SB12")) == "1SB12"
+    assert check(plan).peak_in_flight == (2, 1)
+
+
+@pytest.mark.parametrize("word", ["F0", "0X1", "a0F0", "0F", "-1F0"])
+def test_bad_action_text(word):
+    with pytest.raises(ValueError, match="cannot read action"):
+        Action.parse(word)
+
+
+def test_with_communication_pairs_every_send():
+    lowered = with_communication(build("1f1b", 3, 4))
+    assert str(lowered).splitlines()[1].startswith("rank 1: 0RF0 0F0 0SF0 0RF1 0F1 0SF1 0RB0 0B0")
+    sends = sum(a.kind in ("SF", "SB") for r in lowered.ranks for a in r)
+    receives = sum(a.kind in ("RF", "RB") for r in lowered.ranks for a in r)
+    assert sends == receives == 2 * 2 * 4  # 2 boundaries, both directions, 4 micro-batches
+    # the explicit form replays to the same timeline as the compute-only form
+    assert replay(lowered).makespan == replay(build("1f1b", 3, 4)).makespan
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (
+            "rank 0: 0F0 0B0 0F1\nrank 1: 0F0 0B0 0F1 0B1",
+            r"rank 0 is missing 0B1 \(or 0I1 and 0W1\)",
+        ),
+        ("rank 0: 0F0 0F0 0B0\nrank 1: 0F0 0B0", r"rank 0: action 0F0 appears twice"),
+        ("rank 0: 0F0 0I0\nrank 1: 0F0 0B0", r"rank 0 is missing 0W0"),
+        ("rank 0: 0F0 0B0 0W0\nrank 1: 0F0 0B0", r"rank 0: 0W0 after a whole backward"),
+        ("rank 0: 0F0 1F0 1B0 0B0\nrank 1: 0F0 0B0", r"rank 0: action 1F0 uses chunk 1"),
+        # rank 1 wants micro-batch 1 first, rank 0 waits for micro-batch 0's gradient
+        (
+            "rank 0: 0F0 0B0 0F1 0B1\nrank 1: 0F1 0B1 0F0 0B0",
+            r"rank 0 waits at action 0B0 .*rank 1 waits at action 0F1",
+        ),
+        # hand-written sends: rank 0 sends micro-batch 1's activation nobody receives
+        (
+            "rank 0: 0F0 0SF0 0F1 0SF1 0RB0 0B0 0B1\nrank 1: 0RF0 0F0 0F1 0B0 0SB0 0B1",
+            r"rank 0 waits at action 0B1|rank 1 waits at action 0F1",
+        ),
+        (
+            "rank 0: 0F0 0SF0 0SF0 0RB0 0B0\nrank 1: 0RF0 0F0 0B0 0SB0",
+            r"rank 0: action 0SF0 appears twice",
+        ),
+    ],
+)
+def test_checker_names_rank_and_action(text, match):
+    with pytest.raises(ScheduleError, match=match):
+        check(Schedule.parse(text, chunks=1))
+
+
+def test_send_without_receive_is_named():
+    plan = Schedule.parse("rank 0: 0F0 0SF0 0B0\nrank 1: 0F0 0B0")
+    # rank 1 never receives (it has no RF), and rank 0's backward never gets a gradient either
+    with pytest.raises(ScheduleError, match=r"rank 1 waits at action 0F0"):
+        check(plan)
+    plan = Schedule.parse("rank 0: 0F0 0SF0 0RB0 0B0\nrank 1: 0RF0 0F0 0SB0 0B0")
+    with pytest.raises(ScheduleError, match="rank 1 waits at action 0SB0"):
+        check(plan)
+    plan = Schedule.parse("rank 0: 0F0 0SF0 0RB0 0B0 0SB0\nrank 1: 0RF0 0F0 0B0 0SB0")
+    with pytest.raises(ScheduleError, match="rank 0: action 0SB0 talks past the first stage"):
+        check(plan)
+
+
+def test_bad_schedule_and_costs():
+    with pytest.raises(TypeError, match=r"rank 0: '0F0' is not an Action"):
+        Schedule((("0F0",),))
+    plan = build("1f1b", 2, 2)
+    with pytest.raises(ValueError, match=r"forward_time must be a number or 2 numbers"):
+        replay(plan, forward_time=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"backward_time must be seconds >= 0"):
+        replay(plan, backward_time=-1.0)
+    with pytest.raises(ValueError, match="weight_fraction must be in"):
+        replay(plan, weight_fraction=1.5)
+
+
+def test_interleaved_needs_m_multiple_of_p():
+    with pytest.raises(ValueError, match=r"micro_batches=6, stages=4 \(try micro_batches=8\)"):
+        interleaved(4, 6, 2)
+    with pytest.raises(ValueError, match="chunks=2 needs schedule 'interleaved'"):
+        build("1f1b", 4, 8, chunks=2)
+    with pytest.raises(ValueError, match="unknown schedule 'pipedream'"):
+        build("pipedream", 4, 8)
+
+
+def test_per_stage_costs_slowest_stage_sets_the_pace():
+    # GPipe with stage costs 1, 3, 1: the middle stage runs back to back, the step is
+    # (p - 1) slots of the others plus m slots of the slowest: sum(f) + (m - 1) max(f), same for b
+    timeline = replay(build("gpipe", 3, 4), forward_time=[1, 3, 1], backward_time=[2, 6, 2])
+    assert timeline.makespan == pytest.approx((5 + 3 * 3) + (10 + 3 * 6))
+
+
+@pytest.mark.parametrize(("name", "v"), ALL)
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8)])
+def test_simulator_adds_alpha_beta_sends(name, v, p, m):
+    link = Link("test", alpha=0.5, bandwidth=1e3)
+    cluster = uniform_cluster(p, link)
+    message = 500.0
+    hop = p2p_seconds(cluster, 0, 1, message)
+    assert hop == pytest.approx(0.5 + 500 / 1e3)
+    plan = build(name, p, m, chunks=v)
+    free = replay(plan)
+    timed = simulate_pipeline(
+        plan, cluster, message_bytes=message, forward_time=1.0, backward_time=2.0
+    )
+    assert timed.makespan > free.makespan
+    nearly_free = simulate_pipeline(
+        plan,
+        uniform_cluster(p, Link("fast", 0.0, 1e18)),
+        message_bytes=message,
+        forward_time=1.0,
+        backward_time=2.0,
+    )
+    assert nearly_free.makespan == pytest.approx(free.makespan)
+    if name in ("gpipe", "1f1b", "interleaved"):
+        kw = {"schedule": name, "virtual_stages": v}
+        assert nearly_free.bubble_fraction == pytest.approx(bubble_fraction(p, m, **kw))
+    if name == "gpipe":  # each direction crosses p - 1 links on the critical path
+        assert timed.makespan == pytest.approx(free.makespan + 2 * (p - 1) * hop)
+
+
+def test_simulator_bad_gpus():
+    with pytest.raises(ValueError, match="gpu 9 is not in cluster"):
+        simulate_pipeline(
+            build("1f1b", 2, 2),
+            uniform_cluster(4, Link("l", 0.0, 1.0)),
+            message_bytes=1,
+            forward_time=1.0,
+            backward_time=1.0,
+            gpus=[0, 9],
+        )
+
+
+def test_gantt_charts_draw_every_action():
+    from distlab.viz.pipeline_plots import plot_planned_and_measured, plot_timeline
+
+    plan = build("zb_h1", 3, 4)
+    planned = replay(plan)
+    slower = replay(plan, forward_time=1.5, backward_time=2.5)
+    fig = plot_planned_and_measured(planned, slower)
+    left, right = fig.axes
+    assert len(left.patches) == len(right.patches) == len(planned.entries) == 3 * 3 * 4
+    assert "bubble" in right.get_title()
+    assert len(plot_timeline(planned).axes[0].patches) == len(planned.entries)
