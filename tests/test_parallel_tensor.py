@@ -1,0 +1,250 @@
+"""Tensor parallelism on 1-4 gloo ranks against the dense tiny GPT it was sharded from.
+
+One launch per tensor-parallel degree t runs a GPT block forward and backward
+(plain TP and TP+SP, see also test_parallel_sequence.py) and the whole GPT's
+loss and gradients, and returns each rank's outputs, gradients and the
+collectives it issued; the tests compare them with the dense modules run in
+this process. Shapes: hidden 48, 12 heads, 12 tokens, so t = 1, 2, 3, 4 all
+divide them; vocabulary 62, so t = 3 and t = 4 pad it (63 and 64 rows).
+
+Tolerance: the row-parallel layer sums t partial products where the dense
+layer sums one, so fp32 results agree to rounding (``assert_close`` defaults).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import distlab
+from distlab.calc.comm import tensor_parallel_comm
+from distlab.models import GPT, GPTBlock, GPTConfig, gpt_batch
+
+HIDDEN, HEADS, SEQ, BATCH = 48, 12, 12, 2
+CONFIG = GPTConfig(vocab=62, seq_len=SEQ, hidden=HIDDEN, heads=HEADS, layers=2)
+COLUMN = ("attn.q.", "attn.k.", "attn.v.", "mlp.fc1.")  # sharded by output rows
+ROW = ("attn.proj.weight", "mlp.fc2.weight")  # sharded by input columns
+
+
+def make_block(hidden: int = HIDDEN, heads: int = HEADS) -> GPTBlock:
+    """A GPTBlock with the same weights in every process (GPTBlock takes no seed)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return GPTBlock(hidden, heads, max_seq_len=SEQ)
+
+
+def block_inputs():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(BATCH, SEQ, HIDDEN, generator=gen)
+    return x, torch.randn(BATCH, SEQ, HIDDEN, generator=gen)
+
+
+def _worker(rank, world_size):
+    torch.set_num_threads(1)
+    from distlab.collectives import count_traffic
+    from distlab.parallel.sequence import scatter_to_sp
+    from distlab.parallel.tensor import ParallelBlock, ParallelGPT, TensorParallelComm
+
+    out = {}
+    for sp in (False, True):
+        comm = TensorParallelComm(algorithm="ring")
+        block = ParallelBlock(make_block(), comm, sequence_parallel=sp)
+        x, grad_y = block_inputs()
+        x.requires_grad_()
+        with count_traffic() as traffic:
+            inp = scatter_to_sp(x, comm) if sp else x
+            y = block(inp)
+            comm.log.clear() if sp else None  # SP: count the block only, not entering SP
+            y.backward(grad_y.chunk(world_size, 1)[rank] if sp else grad_y)
+        events = [e for e in comm.log]
+        grads = {n: p.grad for n, p in block.named_parameters()}
+        out["sp" if sp else "tp"] = dict(
+            y=y.detach(), x_grad=x.grad, grads=grads, events=events, bytes=traffic.bytes_sent
+        )
+    for sp in (False, True):
+        comm = TensorParallelComm(algorithm="ring")
+        model = ParallelGPT(GPT(CONFIG, seed=1), comm, sequence_parallel=sp)
+        comm.reset()
+        tokens, targets = gpt_batch(BATCH, CONFIG, seed=2)
+        loss = model.loss(tokens, targets)
+        loss.backward()
+        model.finish_gradients()
+        out["gpt_sp" if sp else "gpt"] = dict(
+            loss=loss.detach(), grads={n: p.grad for n, p in model.named_parameters()}
+        )
+    return out
+
+
+@functools.cache
+def results(t: int):
+    return distlab.run(_worker, t, timeout=120, show_output=False)
+
+
+def shard(name: str, dense_grad: torch.Tensor, t: int, r: int) -> torch.Tensor:
+    """The slice of a dense block parameter's gradient that rank r of t holds."""
+    if name.startswith(COLUMN):
+        return dense_grad.chunk(t, 0)[r]
+    if name in ROW:
+        return dense_grad.chunk(t, 1)[r]
+    return dense_grad
+
+
+def dense_block():
+    block = make_block()
+    x, grad_y = block_inputs()
+    x.requires_grad_()
+    y = block(x)
+    y.backward(grad_y)
+    return y.detach(), x.grad, {n: p.grad for n, p in block.named_parameters()}
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+def test_parallel_block_equals_dense_block(t):
+    y, x_grad, grads = dense_block()
+    for r, res in enumerate(results(t)):
+        tp = res["tp"]
+        torch.testing.assert_close(tp["y"], y)
+        torch.testing.assert_close(tp["x_grad"], x_grad)
+        assert set(tp["grads"]) == set(grads)
+        for name, g in grads.items():
+            torch.testing.assert_close(tp["grads"][name], shard(name, g, t, r), msg=name)
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+def test_two_all_reduces_forward_two_backward_with_calc_bytes(t):
+    expected = tensor_parallel_comm(
+        seq_len=SEQ, micro_batch=BATCH, hidden=HIDDEN, layers=1, tp=t, bytes_per_element=4
+    )
+    for res in results(t):
+        events = res["tp"]["events"]
+        forward = [e.where for e in events if e.phase == "forward"]
+        backward = [e.where for e in events if e.phase == "backward"]
+        assert forward == ["attn.proj out", "mlp.fc2 out"]  # g after each row layer
+        assert backward == ["mlp in", "attn in"]  # f before each column layer
+        assert {e.collective for e in events} == {"all_reduce"}
+        assert {e.elements for e in events} == {SEQ * BATCH * HIDDEN}
+        assert res["tp"]["bytes"] == expected.total
+
+
+def dense_gpt_grads(config=CONFIG):
+    model = GPT(config, seed=1)
+    tokens, targets = gpt_batch(BATCH, config, seed=2)
+    loss = model.loss(tokens, targets)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def gpt_shard(name: str, dense_grad: torch.Tensor, t: int, r: int) -> torch.Tensor:
+    """Rank r's slice of a dense GPT gradient; vocabulary rows padded with zeros."""
+    if name == "tok.weight":
+        rows = -(-CONFIG.vocab // t)
+        padded = dense_grad.new_zeros(rows * t, dense_grad.shape[1])
+        padded[: CONFIG.vocab] = dense_grad
+        return padded.chunk(t)[r]
+    if name.startswith("blocks."):
+        return shard(name.split(".", 2)[2], dense_grad, t, r)
+    return dense_grad
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+@pytest.mark.parametrize("variant", ["gpt", "gpt_sp"])
+def test_parallel_gpt_loss_and_gradients_equal_dense(t, variant):
+    loss, grads = dense_gpt_grads()
+    for r, res in enumerate(results(t)):
+        got = res[variant]
+        torch.testing.assert_close(got["loss"], loss)
+        assert set(got["grads"]) == set(grads)
+        for name, g in grads.items():
+            torch.testing.assert_close(got["grads"][name], gpt_shard(name, g, t, r), msg=name)
+
+
+def _train(rank, world_size, sequence_parallel, steps):
+    torch.set_num_threads(1)
+    from distlab.parallel.tensor import ParallelGPT, TensorParallelComm
+
+    comm = TensorParallelComm(algorithm="builtin")
+    model = ParallelGPT(GPT(CONFIG, seed=1), comm, sequence_parallel=sequence_parallel)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        tokens, targets = gpt_batch(BATCH, CONFIG, seed=10 + step % 2)
+        loss = model.loss(tokens, targets)
+        opt.zero_grad()
+        loss.backward()
+        model.finish_gradients()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_twenty_training_steps_on_two_ranks_match_single_process(sequence_parallel):
+    steps = 20
+    model = GPT(CONFIG, seed=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    expected = []
+    for step in range(steps):
+        tokens, targets = gpt_batch(BATCH, CONFIG, seed=10 + step % 2)
+        loss = model.loss(tokens, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert expected[-1] < expected[0] - 0.1  # it really trains
+    for losses in distlab.run(_train, 2, args=(sequence_parallel, steps), show_output=False):
+        assert losses == pytest.approx(expected, rel=1e-5)
+
+
+def _bad_input(rank, world_size, case):
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from distlab.parallel.tensor import ParallelBlock, ParallelGPT, TensorParallelComm
+
+    try:
+        if case == "heads":
+            ParallelBlock(GPTBlock(48, 4), TensorParallelComm())
+        elif case == "hidden":
+            ParallelGPT(GPT(GPTConfig(hidden=30, heads=3)), TensorParallelComm())
+        elif case == "group":
+            group = dist.new_group([0, 1])
+            TensorParallelComm(group=group)
+        elif case == "mismatch":
+            ParallelGPT(GPT(CONFIG, seed=rank), TensorParallelComm())
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("heads", "heads=4 is not divisible by the tensor-parallel size 3"),
+        ("hidden", "hidden=30 is not divisible by the tensor-parallel size 4"),
+        ("mismatch", "differs across the ranks of the tensor-parallel group"),
+    ],
+)
+def test_bad_input_raises_on_every_rank(case, message):
+    world = 4 if case == "hidden" else 3
+    errors = distlab.run(_bad_input, world, args=(case,), timeout=60, show_output=False)
+    assert all(e is not None and message in e for e in errors), errors
+
+
+def test_a_group_without_the_rank_is_refused():
+    errors = distlab.run(_bad_input, 3, args=("group",), timeout=60, show_output=False)
+    assert errors[:2] == [None, None]
+    assert "rank 2 is not in the tensor-parallel group [0, 1]" in errors[2]
+
+
+def _unguarded(rank, world_size):
+    from distlab.parallel.tensor import ParallelBlock, TensorParallelComm
+
+    ParallelBlock(GPTBlock(48, 4), TensorParallelComm())
+
+
+def test_bad_input_ends_the_job_without_hanging():
+    with pytest.raises(distlab.RankError) as failure:
+        distlab.run(_unguarded, 3, timeout=60, show_output=False)
+    assert "heads=4 is not divisible" in failure.value.remote_traceback
