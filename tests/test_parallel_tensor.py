@@ -1,7 +1,7 @@
 """Tensor parallelism on 1-4 gloo ranks against the dense tiny GPT it was sharded from.
 
 One launch per tensor-parallel degree t runs a GPT block forward and backward
-(plain TP and TP+SP, see also test_parallel_sequence.py) and the whole GPT's
+(sequence parallelism's block: test_parallel_sequence.py) and the whole GPT's
 loss and gradients, and returns each rank's outputs, gradients and the
 collectives it issued; the tests compare them with the dense modules run in
 this process. Shapes: hidden 48, 12 heads, 12 tokens, so t = 1, 2, 3, 4 all
@@ -21,11 +21,10 @@ import torch
 import distlab
 from distlab.calc.comm import tensor_parallel_comm
 from distlab.models import GPT, GPTBlock, GPTConfig, gpt_batch
+from distlab.parallel.tensor.layers import block_shard
 
 HIDDEN, HEADS, SEQ, BATCH = 48, 12, 12, 2
 CONFIG = GPTConfig(vocab=62, seq_len=SEQ, hidden=HIDDEN, heads=HEADS, layers=2)
-COLUMN = ("attn.q.", "attn.k.", "attn.v.", "mlp.fc1.")  # sharded by output rows
-ROW = ("attn.proj.weight", "mlp.fc2.weight")  # sharded by input columns
 
 
 def make_block(hidden: int = HIDDEN, heads: int = HEADS) -> GPTBlock:
@@ -44,25 +43,24 @@ def block_inputs():
 def _worker(rank, world_size):
     torch.set_num_threads(1)
     from distlab.collectives import count_traffic
-    from distlab.parallel.sequence import scatter_to_sp
     from distlab.parallel.tensor import ParallelBlock, ParallelGPT, TensorParallelComm
 
-    out = {}
-    for sp in (False, True):
-        comm = TensorParallelComm(algorithm="ring")
-        block = ParallelBlock(make_block(), comm, sequence_parallel=sp)
-        x, grad_y = block_inputs()
-        x.requires_grad_()
-        with count_traffic() as traffic:
-            inp = scatter_to_sp(x, comm) if sp else x
-            y = block(inp)
-            comm.log.clear() if sp else None  # SP: count the block only, not entering SP
-            y.backward(grad_y.chunk(world_size, 1)[rank] if sp else grad_y)
-        events = [e for e in comm.log]
-        grads = {n: p.grad for n, p in block.named_parameters()}
-        out["sp" if sp else "tp"] = dict(
-            y=y.detach(), x_grad=x.grad, grads=grads, events=events, bytes=traffic.bytes_sent
-        )
+    comm = TensorParallelComm(algorithm="ring")
+    block = ParallelBlock(make_block(), comm)
+    x, grad_y = block_inputs()
+    x.requires_grad_()
+    with count_traffic() as traffic:
+        y = block(x)
+        y.backward(grad_y)
+    out = {
+        "tp": {
+            "y": y.detach(),
+            "x_grad": x.grad,
+            "grads": {n: p.grad for n, p in block.named_parameters()},
+            "events": list(comm.log),
+            "bytes": traffic.bytes_sent,
+        }
+    }
     for sp in (False, True):
         comm = TensorParallelComm(algorithm="ring")
         model = ParallelGPT(GPT(CONFIG, seed=1), comm, sequence_parallel=sp)
@@ -71,24 +69,14 @@ def _worker(rank, world_size):
         loss = model.loss(tokens, targets)
         loss.backward()
         model.finish_gradients()
-        out["gpt_sp" if sp else "gpt"] = dict(
-            loss=loss.detach(), grads={n: p.grad for n, p in model.named_parameters()}
-        )
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        out["gpt_sp" if sp else "gpt"] = {"loss": loss.detach(), "grads": grads}
     return out
 
 
 @functools.cache
 def results(t: int):
     return distlab.run(_worker, t, timeout=120, show_output=False)
-
-
-def shard(name: str, dense_grad: torch.Tensor, t: int, r: int) -> torch.Tensor:
-    """The slice of a dense block parameter's gradient that rank r of t holds."""
-    if name.startswith(COLUMN):
-        return dense_grad.chunk(t, 0)[r]
-    if name in ROW:
-        return dense_grad.chunk(t, 1)[r]
-    return dense_grad
 
 
 def dense_block():
@@ -109,7 +97,7 @@ def test_parallel_block_equals_dense_block(t):
         torch.testing.assert_close(tp["x_grad"], x_grad)
         assert set(tp["grads"]) == set(grads)
         for name, g in grads.items():
-            torch.testing.assert_close(tp["grads"][name], shard(name, g, t, r), msg=name)
+            torch.testing.assert_close(tp["grads"][name], block_shard(name, g, t, r), msg=name)
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 4])
@@ -144,7 +132,7 @@ def gpt_shard(name: str, dense_grad: torch.Tensor, t: int, r: int) -> torch.Tens
         padded[: CONFIG.vocab] = dense_grad
         return padded.chunk(t)[r]
     if name.startswith("blocks."):
-        return shard(name.split(".", 2)[2], dense_grad, t, r)
+        return block_shard(name.split(".", 2)[2], dense_grad, t, r)
     return dense_grad
 
 

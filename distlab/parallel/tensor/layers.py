@@ -29,6 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from distlab.models import CausalSelfAttention, FeedForward, GPTBlock, dropout
 from distlab.parallel import sequence as sp
@@ -109,13 +110,24 @@ class ParallelMLP(nn.Module):
 
 class ParallelSelfAttention(nn.Module):
     """q, k, v column-parallel (a/t heads per rank, no all-gather after them),
-    causal attention on the local heads, output projection row-parallel."""
+    causal attention on the local heads, output projection row-parallel.
+
+    ``recompute_attention=True`` is Korthikanti et al.'s selective activation
+    recomputation (Section 5): the attention core (QK^T, softmax, dropout,
+    attention over V) keeps only Q, K, V and is recomputed in backward, which
+    drops the 5as^2b/t bytes of scores, probabilities and dropout mask."""
 
     def __init__(
-        self, dense: CausalSelfAttention, comm: TensorParallelComm, *, sequence_parallel=False
+        self,
+        dense: CausalSelfAttention,
+        comm: TensorParallelComm,
+        *,
+        sequence_parallel=False,
+        recompute_attention=False,
     ):
         super().__init__()
         self.comm, self.sequence_parallel = comm, sequence_parallel
+        self.recompute_attention = recompute_attention
         self.heads = check_divisible("heads", dense.heads, comm.world_size)
         self.head_dim, self.dropout = dense.head_dim, dense.dropout
         self.q = ColumnParallelLinear(dense.q, comm, name="attn.q")
@@ -137,12 +149,18 @@ class ParallelSelfAttention(nn.Module):
             x = copy_to_tp(x, self.comm, "attn in")
             qkv = self.q(x), self.k(x), self.v(x)
         q, k, v = (self._split(t) for t in qkv)
+        if self.recompute_attention:
+            out = checkpoint(self._core, q, k, v, use_reentrant=True)
+        else:
+            out = self._core(q, k, v)
+        return dropout(self.proj(out), self.dropout, self.training)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, _, s, _ = q.shape
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         scores = scores + self.mask[:s, :s].to(scores.dtype)
         probs = dropout(scores.softmax(dim=-1), self.dropout, self.training)
-        out = (probs @ v).transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
-        return dropout(self.proj(out), self.dropout, self.training)
+        return (probs @ v).transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
 
 
 class ParallelBlock(nn.Module):
@@ -150,13 +168,26 @@ class ParallelBlock(nn.Module):
 
     Input and output are the whole ``(b, s, h)`` on every rank, or with
     ``sequence_parallel=True`` this rank's ``(b, s/t, h)`` slice of the sequence.
+    ``recompute_attention``: see :class:`ParallelSelfAttention`.
     """
 
-    def __init__(self, dense: GPTBlock, comm: TensorParallelComm, *, sequence_parallel=False):
+    def __init__(
+        self,
+        dense: GPTBlock,
+        comm: TensorParallelComm,
+        *,
+        sequence_parallel=False,
+        recompute_attention=False,
+    ):
         super().__init__()
         self.comm, self.sequence_parallel = comm, sequence_parallel
         self.ln1 = copy.deepcopy(dense.ln1)
-        self.attn = ParallelSelfAttention(dense.attn, comm, sequence_parallel=sequence_parallel)
+        self.attn = ParallelSelfAttention(
+            dense.attn,
+            comm,
+            sequence_parallel=sequence_parallel,
+            recompute_attention=recompute_attention,
+        )
         self.ln2 = copy.deepcopy(dense.ln2)
         self.mlp = ParallelMLP(dense.mlp, comm, sequence_parallel=sequence_parallel)
         if sequence_parallel:
@@ -171,3 +202,19 @@ class ParallelBlock(nn.Module):
             )
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+
+COLUMN_PARALLEL = ("attn.q.", "attn.k.", "attn.v.", "mlp.fc1.")  # split by output rows
+ROW_PARALLEL = ("attn.proj.weight", "mlp.fc2.weight")  # split by input columns
+
+
+def block_shard(name: str, dense: torch.Tensor, t: int, rank: int) -> torch.Tensor:
+    """The slice of a dense :class:`~distlab.models.GPTBlock` tensor named ``name``
+    (a parameter or its gradient) that rank ``rank`` of ``t`` holds in a
+    :class:`ParallelBlock`: rows of q, k, v, fc1; columns of proj and fc2's
+    weights; everything else (LayerNorms, proj and fc2 biases) whole."""
+    if name.startswith(COLUMN_PARALLEL):
+        return dense.chunk(t, 0)[rank]
+    if name in ROW_PARALLEL:
+        return dense.chunk(t, 1)[rank]
+    return dense

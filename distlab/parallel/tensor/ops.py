@@ -81,9 +81,7 @@ class TensorParallelComm(Collectives):
     def count(self, phase: str | None = None, collective: str | None = None) -> int:
         """How many logged calls match ``phase`` and ``collective`` (None: any)."""
         return sum(
-            1
-            for e in self.log
-            if phase in (None, e.phase) and collective in (None, e.collective)
+            1 for e in self.log if phase in (None, e.phase) and collective in (None, e.collective)
         )
 
     def reset(self) -> None:
