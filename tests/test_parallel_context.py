@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import distlab
+from distlab.models import GPTBlock
 from distlab.parallel.context import dense_causal_attention, local_positions
 
 B, A, S, D = 2, 3, 16, 8
@@ -25,9 +26,20 @@ def inputs():
     return q, k, v, grad
 
 
+def make_block() -> GPTBlock:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return GPTBlock(A * D, A, max_seq_len=S)
+
+
+def block_inputs():
+    gen = torch.Generator().manual_seed(6)
+    return torch.randn(B, S, A * D, generator=gen), torch.randn(B, S, A * D, generator=gen)
+
+
 def _worker(rank, world_size):
     torch.set_num_threads(1)
-    from distlab.parallel.context import Ring, ring_attention, split_sequence
+    from distlab.parallel.context import ContextParallelBlock, Ring, ring_attention, split_sequence
 
     out = {}
     for split in ("contiguous", "zigzag"):
@@ -44,6 +56,18 @@ def _worker(rank, world_size):
             "bytes": dict(ring.bytes_sent),
             "work": ring.work,
         }
+    ring = Ring(split="zigzag")
+    block = ContextParallelBlock(make_block(), ring, seq_len=S)
+    x, grad = (split_sequence(t, 1, world_size, rank, "zigzag") for t in block_inputs())
+    x.requires_grad_()
+    y = block(x)
+    y.backward(grad)
+    block.finish_gradients()
+    out["block"] = {
+        "y": y.detach(),
+        "x_grad": x.grad,
+        "grads": {n.removeprefix("block."): p.grad for n, p in block.named_parameters()},
+    }
     return out
 
 
@@ -108,3 +132,18 @@ def _bad(rank, world_size):
 def test_a_sequence_the_split_cannot_cut_is_refused_on_every_rank():
     errors = distlab.run(_bad, 2, timeout=60, show_output=False)
     assert all("seq_len=10 must be divisible by 4 for the zigzag split" in e for e in errors)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_context_parallel_block_equals_dense_block(cp):
+    block = make_block()
+    x, grad = block_inputs()
+    x.requires_grad_()
+    y = block(x)
+    y.backward(grad)
+    for r, res in enumerate(results(cp)):
+        mine = local_positions(S, cp, r, "zigzag")
+        torch.testing.assert_close(res["block"]["y"], y.detach()[:, mine])
+        torch.testing.assert_close(res["block"]["x_grad"], x.grad[:, mine])
+        for name, p in block.named_parameters():
+            torch.testing.assert_close(res["block"]["grads"][name], p.grad, msg=name)

@@ -33,14 +33,18 @@ Tensors are ``(batch, heads, seq, head_dim)``.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from distlab.collectives.executor import global_rank
+from distlab.models import GPTBlock, dropout
+from distlab.parallel.comm import Collectives
 
 SPLITS = ("contiguous", "zigzag")
 
@@ -186,3 +190,39 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
     return scores.masked_fill(future, -math.inf).softmax(-1) @ v
+
+
+class ContextParallelBlock(nn.Module):
+    """A :class:`~distlab.models.GPTBlock` on this rank's tokens, attention by ring.
+
+    Every weight is replicated (as in data parallelism); only attention needs
+    the other ranks' tokens. Each rank's weight gradients cover its tokens, so
+    :meth:`finish_gradients` sums them over the group (Megatron-LM reduces
+    gradients over the combined data x context parallel group). Attention
+    dropout is not supported (``dense.attn.dropout`` must be 0).
+    """
+
+    def __init__(self, dense: GPTBlock, ring: Ring, *, seq_len: int, algorithm: str = "ring"):
+        super().__init__()
+        if dense.attn.dropout:
+            raise ValueError(f"attention dropout must be 0 here, got {dense.attn.dropout}")
+        local_positions(seq_len, ring.size, ring.rank, ring.split)  # validates seq_len
+        self.block, self.ring, self.seq_len = copy.deepcopy(dense), ring, seq_len
+        self.comm = Collectives(algorithm=algorithm, group=ring.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = self.block.attn
+        h = self.block.ln1(x)
+        q, k, v = (attn._split(layer(h)) for layer in (attn.q, attn.k, attn.v))
+        out = ring_attention(q, k, v, self.ring, self.seq_len).transpose(1, 2).reshape(x.shape)
+        x = x + dropout(attn.proj(out), attn.dropout, self.training)
+        return x + self.block.mlp(self.block.ln2(x))
+
+    def finish_gradients(self) -> None:
+        """Sum every weight gradient over the context-parallel group (one flat all-reduce)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.comm.all_reduce_sum_(flat)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(part.view_as(g))
