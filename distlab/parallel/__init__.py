@@ -17,6 +17,9 @@ One idea per module, each short enough to read top to bottom:
 ``checkpoint``      full (rank 0) and sharded (DCP) checkpoints, resharding
 ``sync_batchnorm``  :class:`SyncBatchNorm` against per-rank BatchNorm
 ``memory``          measured bytes of parameters, gradients, optimizer state
+``tensor``          Megatron tensor parallelism: f/g, column/row layers, GPT
+``sequence``        sequence parallelism: all-gather / reduce-scatter regions
+``context``         context parallelism: ring attention, zig-zag split
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
@@ -29,6 +32,7 @@ from __future__ import annotations
 from .accumulation import accumulate_gradients, gradient_scale_error
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .comm import ALGORITHMS, Collectives, CommThread
+from .context import ContextParallelBlock, Ring, ring_attention
 from .data import ShardSampler, shard_batch, shard_indices
 from .ddp import BucketedDDP, NaiveDDP
 from .ddp_timing import time_ddp_variants
@@ -36,6 +40,7 @@ from .fsdp import FSDP
 from .memory import MeasuredModelState, measure_model_state, storage_bytes
 from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer, autocast
 from .sync_batchnorm import SyncBatchNorm
+from .tensor import ParallelBlock, ParallelGPT, TensorParallelComm
 from .trace import BucketTimes, StepTrace
 from .zero import ZeroOptimizer
 
@@ -46,13 +51,18 @@ __all__ = [
     "BucketedDDP",
     "Collectives",
     "CommThread",
+    "ContextParallelBlock",
     "DynamicLossScaler",
     "MeasuredModelState",
     "MixedPrecisionOptimizer",
     "NaiveDDP",
+    "ParallelBlock",
+    "ParallelGPT",
+    "Ring",
     "ShardSampler",
     "StepTrace",
     "SyncBatchNorm",
+    "TensorParallelComm",
     "ZeroOptimizer",
     "accumulate_gradients",
     "autocast",
@@ -60,6 +70,7 @@ __all__ = [
     "load_full",
     "load_sharded",
     "measure_model_state",
+    "ring_attention",
     "save_full",
     "save_sharded",
     "shard_batch",
