@@ -170,3 +170,22 @@ def test_measured_activation_bytes_equal_korthikanti_table_2(t, mode):
         assert saved.paper == formula
         # 2 norms x (mean, 1/std) per token, kept in the input dtype (bf16) on the CPU
         assert saved.layernorm_stats == 2 * 2 * b * tokens * 2
+
+
+def test_activation_plot_puts_measured_points_on_table_2_lines():
+    from distlab.viz.tensor_plots import plot_activation_bytes
+
+    s, b, h, a = MEMORY.values()
+    measured = {
+        (t, sp): results(t)[0]["memory"]["tp_sp" if sp else "tp"].paper
+        for t in (1, 2, 4)
+        for sp in (False, True)
+    }
+    fig = plot_activation_bytes(measured, seq_len=s, micro_batch=b, hidden=h, heads=a)
+    ax = fig.axes[0]
+    for line, collection, sp in zip(ax.lines, ax.collections, (False, True), strict=True):
+        formula = dict(zip(line.get_xdata(), line.get_ydata(), strict=True))
+        assert list(formula) == [1, 2, 4]  # the t that divide 8 heads and 16 tokens, up to 4
+        points = {int(x): y for x, y in collection.get_offsets()}
+        assert points == {t: measured[(t, sp)] / 2**10 for t in (1, 2, 4)}
+        assert points == pytest.approx(formula)

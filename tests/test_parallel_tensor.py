@@ -236,3 +236,18 @@ def test_bad_input_ends_the_job_without_hanging():
     with pytest.raises(distlab.RankError) as failure:
         distlab.run(_unguarded, 3, timeout=60, show_output=False)
     assert "heads=4 is not divisible" in failure.value.remote_traceback
+
+
+def test_block_collectives_plot_marks_each_logged_collective():
+    from distlab.viz.tensor_plots import STAGES, collective_position, plot_block_collectives
+
+    events = results(2)[0]["tp"]["events"]
+    fig = plot_block_collectives(events)
+    markers = [line for line in fig.axes[0].lines if line.get_marker() == "v"]
+    assert len(markers) == len(events) == 4
+    xs = sorted(line.get_xdata()[0] for line in markers)
+    # forward: g after proj (4) and fc2 (9); backward (mirrored): f before fc1 and q k v
+    assert xs == [len(STAGES) - 6, 4, 9, len(STAGES) - 1]
+    assert [collective_position(e.phase, e.where) for e in events] == [4, 9, 4, 9]
+    with pytest.raises(ValueError, match="no place in a block"):
+        collective_position("forward", "somewhere else")
