@@ -43,12 +43,12 @@ def check_same_on_every_rank(comm: TensorParallelComm, what: str, values: list[f
     device = "cuda" if dist.get_backend(comm.group) == "nccl" else "cpu"
     local = torch.tensor([float(len(values)), *values], dtype=torch.float64, device=device)
     lengths = torch.zeros(comm.world_size, dtype=torch.float64, device=device)
-    dist.all_gather_into_tensor(lengths, local[:1], group=comm.group)
+    dist.all_gather_single(lengths, local[:1], group=comm.group)
     width = int(lengths.max().item())
     padded = torch.full((width + 1,), float("nan"), dtype=torch.float64, device=device)
     padded[: local.numel()] = local
     every = torch.empty(comm.world_size * (width + 1), dtype=torch.float64, device=device)
-    dist.all_gather_into_tensor(every, padded, group=comm.group)
+    dist.all_gather_single(every, padded, group=comm.group)
     rows = every.view(comm.world_size, width + 1).cpu()
     same = all(torch.equal(rows[0].nan_to_num(-1.0), row.nan_to_num(-1.0)) for row in rows)
     if not same:
