@@ -9,13 +9,16 @@ tiny GPT's transformer blocks (``distlab.models.GPT``'s) with each method:
 * ``dense``: the blocks themselves (one rank only);
 * ``TP``: :class:`distlab.parallel.ParallelBlock` (Megatron tensor parallelism);
 * ``TP+SP``: the same with ``sequence_parallel=True`` (Korthikanti et al. 2022);
-* ``CP``: :class:`distlab.parallel.ContextParallelBlock` (ring attention, zig-zag split).
+* ``CP``: :class:`distlab.parallel.ContextParallelBlock` (ring attention, zig-zag split);
+* ``CP contig``: the same on the contiguous split, whose causal work is uneven.
 
 and prints per method and rank count: the median step time of the slowest
 rank, the bytes one rank sends per step (distlab's ring collectives and the
 ring's point-to-point messages, counted as they are sent) and the activation
 bytes one rank keeps for backward (saved-tensor hooks, fp32, LayerNorm
-statistics included). Timings on a shared CPU are noisy; bytes are exact.
+statistics included), and for CP the attention work (score elements computed
+per forward) of the busiest rank over the idlest. Timings on a shared CPU are
+noisy; bytes and work are exact.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import statistics
 import distlab
 from distlab.calc.units import format_bytes
 
-METHODS = ("dense", "TP", "TP+SP", "CP")
+METHODS = ("dense", "TP", "TP+SP", "CP", "CP contig")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,17 +53,19 @@ def main(argv: list[str] | None = None) -> None:
             slowest = statistics.median(max(step) for step in steps)
             sent = max(r[method]["bytes"] for r in per_rank)
             kept = max(r[method]["activations"] for r in per_rank)
-            rows.append((method, n, slowest * 1e3, sent, kept))
+            work = [r[method]["work"] for r in per_rank]
+            balance = f"{max(work) / min(work):.2f}" if min(work) else "-"
+            rows.append((method, n, slowest * 1e3, sent, kept, balance))
     b, s, h, a, layers = shape
     print(
         f"tiny GPT blocks: {layers} layers, batch {b}, seq_len {s}, hidden {h}, {a} heads, fp32; "
         f"gloo on CPU, median of {args.steps} steps (slowest rank)"
     )
-    print(f"{'method':<7} {'ranks':>5} {'step ms':>9} {'sent/rank':>12} {'activations/rank':>17}")
-    for method, n, ms, sent, kept in rows:
-        print(
-            f"{method:<7} {n:>5} {ms:>9.2f} {format_bytes(sent, 'KiB', 1):>12} {format_bytes(kept, 'KiB', 1):>17}"
-        )
+    header = ("method", "ranks", "step ms", "sent/rank", "activations/rank", "work max/min")
+    print("{:<10} {:>5} {:>9} {:>12} {:>17} {:>13}".format(*header))
+    for method, n, ms, sent, kept, balance in rows:
+        sent_kib, kept_kib = format_bytes(sent, "KiB", 1), format_bytes(kept, "KiB", 1)
+        print(f"{method:<10} {n:>5} {ms:>9.2f} {sent_kib:>12} {kept_kib:>17} {balance:>13}")
 
 
 def _worker(rank, world_size, shape, steps):
@@ -97,15 +102,17 @@ def _worker(rank, world_size, shape, steps):
         grad_full.chunk(world_size, 1)[rank],
         lambda m: sync_sequence_parallel_grads(m, comm),
     )
-    ring = Ring(split="zigzag")
-    methods["CP"] = (
-        torch.nn.Sequential(*(ContextParallelBlock(blk, ring, seq_len=s) for blk in blocks)),
-        split_sequence(x_full, 1, world_size, rank, "zigzag"),
-        split_sequence(grad_full, 1, world_size, rank, "zigzag"),
-        lambda m: [blk.finish_gradients() for blk in m],
-    )
+    rings = {"CP": Ring(split="zigzag"), "CP contig": Ring(split="contiguous")}
+    for name, ring in rings.items():
+        methods[name] = (
+            torch.nn.Sequential(*(ContextParallelBlock(blk, ring, seq_len=s) for blk in blocks)),
+            split_sequence(x_full, 1, world_size, rank, ring.split),
+            split_sequence(grad_full, 1, world_size, rank, ring.split),
+            lambda m: [blk.finish_gradients() for blk in m],
+        )
     results = {}
     for name, (model, x, grad, finish) in methods.items():
+        ring = rings.get(name, Ring())
 
         def step(model=model, x=x, grad=grad, finish=finish):
             model.zero_grad(set_to_none=True)
@@ -117,6 +124,9 @@ def _worker(rank, world_size, shape, steps):
         with count_traffic() as traffic:
             step()
         sent = traffic.bytes_sent + sum(ring.bytes_sent.values()) - ring_before
+        work_before = ring.work
+        model(x)
+        work = ring.work - work_before  # attention scores computed by one forward (CP only)
         out, saved = measure_saved_activations(model, lambda m=model, x=x: m(x.requires_grad_()))
         out.backward(grad)
         times = []
@@ -125,7 +135,7 @@ def _worker(rank, world_size, shape, steps):
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
-        results[name] = {"times": times, "bytes": sent, "activations": saved.total}
+        results[name] = {"times": times, "bytes": sent, "activations": saved.total, "work": work}
     return results
 
 
