@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import distlab
-from distlab.calc.comm import tensor_parallel_comm
+from distlab.calc.comm import CommPart, tensor_parallel_comm
 from distlab.calc.memory import activation_bytes_per_layer
 from distlab.models import GPTBlock
 from distlab.parallel.tensor.layers import block_shard
@@ -146,8 +146,8 @@ def test_all_gather_before_column_reduce_scatter_after_row(t):
         assert {e.elements for e in res["events"]} == {SEQ * BATCH * HIDDEN}
         # calc counts Korthikanti's 2 all-gathers + 2 reduce-scatters per pass; Megatron's
         # memory-saving column layer adds one all-gather of the input per column layer
-        regather_bytes = 2 * (t - 1) / t * SEQ * BATCH * HIDDEN * 4
-        assert res["bytes"] == calc.total + regather_bytes
+        regather = CommPart("re-gather", "all_gather", t, SEQ * BATCH * HIDDEN * 4, count=2)
+        assert res["bytes"] == calc.total + regather.bytes_sent
 
 
 @pytest.mark.parametrize("t", [1, 2, 4])
