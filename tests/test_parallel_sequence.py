@@ -135,9 +135,9 @@ def test_all_gather_before_column_reduce_scatter_after_row(t):
             ("reduce_scatter", "mlp.fc2 out"),
         ]
         backward = [(e.collective, e.where) for e in res["events"] if e.phase == "backward"]
-        regather = [w for c, w in backward if w.endswith("(re-gather)")]
-        assert regather == ["mlp in (re-gather)", "attn in (re-gather)"]
-        assert sorted(c for c, w in backward if w not in regather) == [
+        regathers = [w for c, w in backward if w.endswith("(re-gather)")]
+        assert regathers == ["mlp in (re-gather)", "attn in (re-gather)"]
+        assert sorted(c for c, w in backward if w not in regathers) == [
             "all_gather",
             "all_gather",
             "reduce_scatter",

@@ -25,6 +25,10 @@ from distlab.parallel.tensor.layers import block_shard
 
 HIDDEN, HEADS, SEQ, BATCH = 48, 12, 12, 2
 CONFIG = GPTConfig(vocab=62, seq_len=SEQ, hidden=HIDDEN, heads=HEADS, layers=2)
+UNTIED = GPTConfig(
+    vocab=62, seq_len=SEQ, hidden=HIDDEN, heads=HEADS, layers=1, tie_embeddings=False
+)
+VARIANTS = [("gpt", CONFIG, False), ("gpt_sp", CONFIG, True), ("gpt_untied", UNTIED, False)]
 
 
 def make_block(hidden: int = HIDDEN, heads: int = HEADS) -> GPTBlock:
@@ -61,16 +65,15 @@ def _worker(rank, world_size):
             "bytes": traffic.bytes_sent,
         }
     }
-    for sp in (False, True):
+    for variant, config, sp in VARIANTS:
         comm = TensorParallelComm(algorithm="ring")
-        model = ParallelGPT(GPT(CONFIG, seed=1), comm, sequence_parallel=sp)
-        comm.reset()
-        tokens, targets = gpt_batch(BATCH, CONFIG, seed=2)
+        model = ParallelGPT(GPT(config, seed=1), comm, sequence_parallel=sp)
+        tokens, targets = gpt_batch(BATCH, config, seed=2)
         loss = model.loss(tokens, targets)
         loss.backward()
         model.finish_gradients()
         grads = {n: p.grad for n, p in model.named_parameters()}
-        out["gpt_sp" if sp else "gpt"] = {"loss": loss.detach(), "grads": grads}
+        out[variant] = {"loss": loss.detach(), "grads": grads}
     return out
 
 
@@ -116,7 +119,7 @@ def test_two_all_reduces_forward_two_backward_with_calc_bytes(t):
         assert res["tp"]["bytes"] == expected.total
 
 
-def dense_gpt_grads(config=CONFIG):
+def dense_gpt_grads(config):
     model = GPT(config, seed=1)
     tokens, targets = gpt_batch(BATCH, config, seed=2)
     loss = model.loss(tokens, targets)
@@ -126,7 +129,7 @@ def dense_gpt_grads(config=CONFIG):
 
 def gpt_shard(name: str, dense_grad: torch.Tensor, t: int, r: int) -> torch.Tensor:
     """Rank r's slice of a dense GPT gradient; vocabulary rows padded with zeros."""
-    if name == "tok.weight":
+    if name in ("tok.weight", "head.weight", "head_weight"):
         rows = -(-CONFIG.vocab // t)
         padded = dense_grad.new_zeros(rows * t, dense_grad.shape[1])
         padded[: CONFIG.vocab] = dense_grad
@@ -137,15 +140,17 @@ def gpt_shard(name: str, dense_grad: torch.Tensor, t: int, r: int) -> torch.Tens
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 4])
-@pytest.mark.parametrize("variant", ["gpt", "gpt_sp"])
-def test_parallel_gpt_loss_and_gradients_equal_dense(t, variant):
-    loss, grads = dense_gpt_grads()
+@pytest.mark.parametrize(("variant", "config"), [(v, c) for v, c, _ in VARIANTS])
+def test_parallel_gpt_loss_and_gradients_equal_dense(t, variant, config):
+    loss, grads = dense_gpt_grads(config)
     for r, res in enumerate(results(t)):
-        got = res[variant]
-        torch.testing.assert_close(got["loss"], loss)
-        assert set(got["grads"]) == set(grads)
+        got = dict(res[variant]["grads"])
+        torch.testing.assert_close(res[variant]["loss"], loss)
+        if "head.weight" in grads:  # untied: the parallel model holds its rows as head_weight
+            got["head.weight"] = got.pop("head_weight")
+        assert set(got) == set(grads)
         for name, g in grads.items():
-            torch.testing.assert_close(got["grads"][name], gpt_shard(name, g, t, r), msg=name)
+            torch.testing.assert_close(got[name], gpt_shard(name, g, t, r), msg=name)
 
 
 STEPS = 20
