@@ -269,3 +269,25 @@ def test_readme_example_prints_what_the_readme_says(capsys):
     exec(compile(block, "README tensor-parallel example", "exec"), {"__name__": "__main__"})  # noqa: S102
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert printed == block.rsplit("# ", 1)[1].strip()
+
+
+def test_benchmark_prints_every_method_with_calc_bytes_for_tp(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "tensor_parallel.py"
+    spec = importlib.util.spec_from_file_location("tensor_parallel_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = "--ranks 2 --steps 1 --batch 2 --seq-len 8 --hidden 16 --heads 4 --layers 1"
+    bench.main(args.split())
+    rows = {
+        line.split()[0] + (" contig" if "contig" in line else ""): line.split()
+        for line in capsys.readouterr().out.splitlines()[2:]
+    }
+    assert set(rows) == {"TP", "TP+SP", "CP", "CP contig"}
+    tp = tensor_parallel_comm(
+        seq_len=8, micro_batch=2, hidden=16, layers=1, tp=2, bytes_per_element=4
+    )
+    assert rows["TP"][3] == f"{tp.total / 2**10:.1f}"  # KiB sent per rank
+    assert rows["CP contig"][-1] == "2.00" and rows["CP"][-1] == "1.00"  # work max / min

@@ -49,11 +49,12 @@ def check_same_on_every_rank(comm: TensorParallelComm, what: str, values: list[f
     padded[: local.numel()] = local
     every = torch.empty(comm.world_size * (width + 1), dtype=torch.float64, device=device)
     dist.all_gather_single(every, padded, group=comm.group)
-    rows = every.view(comm.world_size, width + 1).cpu()
-    same = all(torch.equal(rows[0].nan_to_num(-1.0), row.nan_to_num(-1.0)) for row in rows)
-    if not same:
-        summary = {r: rows[r, 1:4].tolist() for r in range(comm.world_size)}
+    rows = every.view(comm.world_size, width + 1).cpu().nan_to_num(-1.0)
+    differ = (rows != rows[0]).any(dim=0).nonzero()
+    if differ.numel():
+        column = int(differ[0])
+        values = {r: rows[r, column].item() for r in range(comm.world_size)}
         raise ValueError(
             f"{what} differs across the ranks of the tensor-parallel group: each rank must "
-            f"shard the same dense model (first values by group rank: {summary})"
+            f"shard the same dense model (fingerprint entry {column - 1} by group rank: {values})"
         )
