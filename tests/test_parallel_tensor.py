@@ -291,3 +291,52 @@ def test_benchmark_prints_every_method_with_calc_bytes_for_tp(capsys):
     )
     assert rows["TP"][3] == f"{tp.total / 2**10:.1f}"  # KiB sent per rank
     assert rows["CP contig"][-1] == "2.00" and rows["CP"][-1] == "1.00"  # work max / min
+
+
+TORCHRUN_SCRIPT = """
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab.models import GPT, GPTConfig, gpt_batch
+from distlab.parallel import ParallelGPT, TensorParallelComm
+
+
+def main(rank, world_size):
+    # NCCL when torchrun finds GPUs (distlab.init picks it): the model and data go to this
+    # rank's GPU first, and every tensor the parallel layers make follows their device.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = GPTConfig(vocab=62, hidden=32, heads=4)
+    dense = GPT(config, seed=0).to(device)
+    tokens, targets = (t.to(device) for t in gpt_batch(4, config, seed=1))
+    model = ParallelGPT(dense, TensorParallelComm(algorithm="builtin"), sequence_parallel=True)
+    loss = model.loss(tokens, targets)
+    loss.backward()
+    model.finish_gradients()
+    if rank == 0:
+        print(f"losses {loss.item():.6f} {dense.loss(tokens, targets).item():.6f}")
+
+
+main(*distlab.init())
+dist.destroy_process_group()
+"""
+
+
+def test_the_same_code_runs_under_torchrun(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "tp.py").write_text(TORCHRUN_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "tp.py"]
+    root = str(Path(__file__).parent.parent)  # this checkout's distlab, whatever is installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (parallel, dense), *_ = re.findall(r"^losses (\S+) (\S+)$", result.stdout, flags=re.MULTILINE)
+    assert float(parallel) == pytest.approx(float(dense), rel=1e-6)
