@@ -6,6 +6,7 @@
 ``vocab``       vocabulary-parallel embedding and cross-entropy (padding)
 ``model``       :class:`ParallelGPT`, the tiny GPT sharded
 ``checks``      bad input found on every rank before any collective
+``activations`` measured saved-for-backward bytes (saved-tensor hooks)
 ==============  ==============================================================
 
 Sequence parallelism is :mod:`distlab.parallel.sequence`, context
