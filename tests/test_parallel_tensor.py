@@ -48,6 +48,8 @@ def _worker(rank, world_size):
     torch.set_num_threads(1)
     from distlab.collectives import count_traffic
     from distlab.parallel.tensor import ParallelBlock, ParallelGPT, TensorParallelComm
+    from distlab.parallel.tensor.ops import gather_from_tp, split_to_tp
+    from distlab.parallel.tensor.vocab import vocab_parallel_cross_entropy
 
     comm = TensorParallelComm(algorithm="ring")
     block = ParallelBlock(make_block(), comm)
@@ -74,6 +76,18 @@ def _worker(rank, world_size):
         model.finish_gradients()
         grads = {n: p.grad for n, p in model.named_parameters()}
         out[variant] = {"loss": loss.detach(), "grads": grads}
+    with torch.no_grad():  # Megatron-LM issue 1754: the padding rows counted as vocabulary
+        padded = model.tok.weight.shape[0] * world_size
+        logits = model(tokens)
+        out["unmasked_loss"] = vocab_parallel_cross_entropy(
+            logits, targets, comm, start=model.tok.start, vocab=padded
+        )
+    comm = TensorParallelComm(algorithm="ring")
+    x, grad_y = block_inputs()
+    x.requires_grad_()
+    y = gather_from_tp(split_to_tp(x, comm), comm)
+    y.backward(grad_y)
+    out["split_gather"] = {"y": y.detach(), "x_grad": x.grad, "events": list(comm.log)}
     return out
 
 
@@ -151,6 +165,27 @@ def test_parallel_gpt_loss_and_gradients_equal_dense(t, variant, config):
         assert set(got) == set(grads)
         for name, g in grads.items():
             torch.testing.assert_close(got[name], gpt_shard(name, g, t, r), msg=name)
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+def test_unmasked_padding_would_shift_the_loss(t):
+    loss, _ = dense_gpt_grads(UNTIED)
+    for res in results(t):
+        if CONFIG.vocab % t:  # padded: the masked loss is right, the unmasked one is not
+            assert abs(res["unmasked_loss"].item() - loss.item()) > 1e-3
+        else:
+            torch.testing.assert_close(res["unmasked_loss"], loss)
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+def test_split_then_gather_is_the_identity_both_ways(t):
+    x, grad_y = block_inputs()
+    for res in results(t):
+        got = res["split_gather"]
+        torch.testing.assert_close(got["y"], x, rtol=0, atol=0)
+        torch.testing.assert_close(got["x_grad"], grad_y, rtol=0, atol=0)
+        phases = [(e.phase, e.collective) for e in got["events"]]
+        assert phases == [("forward", "all_gather"), ("backward", "all_gather")]
 
 
 STEPS = 20
