@@ -1,4 +1,4 @@
-"""Data parallelism on real processes: DDP, accumulation, mixed precision, ZeRO, FSDP.
+"""Parallel training on real processes: DDP, ZeRO, FSDP, tensor, sequence, context and pipeline.
 
 One idea per module, each short enough to read top to bottom:
 
@@ -18,6 +18,9 @@ One idea per module, each short enough to read top to bottom:
 ``sync_batchnorm``  :class:`SyncBatchNorm` against per-rank BatchNorm
 ``memory``          measured bytes of parameters, gradients, optimizer state
 ``pipeline/``       pipeline parallelism: stages, executor (schedules as data)
+``tensor``          Megatron tensor parallelism: f/g, column/row layers, GPT
+``sequence``        sequence parallelism: all-gather / reduce-scatter regions
+``context``         context parallelism: ring attention, zig-zag split
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
@@ -31,6 +34,7 @@ from . import pipeline
 from .accumulation import accumulate_gradients, gradient_scale_error
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .comm import ALGORITHMS, Collectives, CommThread
+from .context import ContextParallelBlock, Ring, ring_attention
 from .data import ShardSampler, shard_batch, shard_indices
 from .ddp import BucketedDDP, NaiveDDP
 from .ddp_timing import time_ddp_variants
@@ -43,6 +47,7 @@ from .mixed_precision import (
     autocast,
 )
 from .sync_batchnorm import SyncBatchNorm
+from .tensor import ParallelBlock, ParallelGPT, TensorParallelComm
 from .trace import BucketTimes, StepTrace
 from .zero import ZeroOptimizer
 
@@ -53,14 +58,19 @@ __all__ = [
     "BucketedDDP",
     "Collectives",
     "CommThread",
+    "ContextParallelBlock",
     "DynamicLossScaler",
     "MeasuredModelState",
     "MixedPrecisionOptimizer",
     "MixedPrecisionPolicy",
     "NaiveDDP",
+    "ParallelBlock",
+    "ParallelGPT",
+    "Ring",
     "ShardSampler",
     "StepTrace",
     "SyncBatchNorm",
+    "TensorParallelComm",
     "ZeroOptimizer",
     "accumulate_gradients",
     "autocast",
@@ -69,6 +79,7 @@ __all__ = [
     "load_sharded",
     "measure_model_state",
     "pipeline",
+    "ring_attention",
     "save_full",
     "save_sharded",
     "shard_batch",

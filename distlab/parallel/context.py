@@ -1,0 +1,228 @@
+"""Context parallelism: causal attention over a sequence split across ranks (ring attention).
+
+Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers for
+Near-Infinite Context". Each of N ranks holds s/N tokens of Q, K
+and V. The K/V blocks travel around a ring: at each of N steps a rank
+attends its queries to the block it holds, then sends that block to the next
+rank and receives one from the previous: N-1 point-to-point messages per
+pass (and N-1 more in backward, carrying the K/V gradients home).
+
+The partial results are combined with the online softmax (Milakov &
+Gimelshein 2018; FlashAttention, Dao et al. 2022, Section 3.1). For each query
+row with running max m, running sum l and running output o, a new block of
+scores S and values V updates::
+
+    m' = max(m, rowmax S)
+    l' = l e^(m - m') + rowsum e^(S - m')
+    o' = o e^(m - m') + e^(S - m') V          output = o / l   (after the last block)
+
+m only keeps the exponentials in range (the result does not depend on it),
+so it is detached from autograd, and autograd differentiates the rest.
+
+Causality makes the work uneven. With the *contiguous* split rank r holds
+tokens [r s/N, (r+1) s/N) and attends to r+1 blocks, so the last rank works
+N times as long as the first. The *zig-zag* split (Megatron-LM context
+parallelism; Brandon et al. 2023 "Striped Attention" is the strided variant)
+cuts the sequence into 2N chunks and gives rank r chunks r and 2N-1-r: every
+rank then computes 2N+1 quarter-size blocks. Blocks entirely in the future
+are skipped, and :attr:`Ring.work` counts the score elements each rank
+really computes.
+
+Tensors are ``(batch, heads, seq, head_dim)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distlab.collectives.executor import global_rank
+from distlab.models import GPTBlock, dropout
+from distlab.parallel.comm import Collectives
+
+SPLITS = ("contiguous", "zigzag")
+
+
+def chunks_of(rank: int, cp: int, split: str) -> list[int]:
+    """Which of the sequence's chunks rank ``rank`` holds, in order: ``[rank]`` of
+    N chunks (contiguous), or ``[rank, 2N-1-rank]`` of 2N chunks (zig-zag)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return [rank] if split == "contiguous" else [rank, 2 * cp - 1 - rank]
+
+
+def chunk_count(cp: int, split: str) -> int:
+    return cp if split == "contiguous" else 2 * cp
+
+
+def local_positions(seq_len: int, cp: int, rank: int, split: str) -> torch.Tensor:
+    """The global positions of the tokens rank ``rank`` holds."""
+    n = chunk_count(cp, split)
+    if seq_len % n:
+        raise ValueError(
+            f"seq_len={seq_len} must be divisible by {n} for the {split} split over cp={cp} ranks"
+        )
+    size = seq_len // n
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunks_of(rank, cp, split)])
+
+
+def split_sequence(x: torch.Tensor, dim: int, cp: int, rank: int, split: str) -> torch.Tensor:
+    """This rank's tokens of ``x`` (sequence along ``dim``)."""
+    return x.index_select(dim, local_positions(x.shape[dim], cp, rank, split).to(x.device))
+
+
+@dataclass
+class Ring:
+    """The context-parallel group as a ring: who to send to and receive from,
+    and what this rank sent and computed (``messages``/``bytes_sent`` by phase,
+    ``work``: attention score elements computed in forward)."""
+
+    group: object = None
+    split: str = "contiguous"
+    messages: Counter = field(default_factory=Counter)
+    bytes_sent: Counter = field(default_factory=Counter)
+    work: int = 0
+
+    def __post_init__(self) -> None:
+        chunks_of(0, 1, self.split)  # validates split
+        if not dist.is_initialized():
+            raise RuntimeError("no process group: use inside distlab.run(...) or after init()")
+        self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        if self.rank < 0:
+            raise ValueError(
+                f"rank {dist.get_rank()} is not in the context-parallel group "
+                f"{dist.get_process_group_ranks(self.group)}"
+            )
+        self.next = global_rank(self.group, (self.rank + 1) % self.size)
+        self.prev = global_rank(self.group, (self.rank - 1) % self.size)
+
+    def shift(self, x: torch.Tensor, phase: str, *, backwards: bool = False) -> torch.Tensor:
+        """Send ``x`` one step along the ring (to ``next``; to ``prev`` if
+        ``backwards``) and return what arrives from the other side."""
+        dst, src = (self.prev, self.next) if backwards else (self.next, self.prev)
+        x = x.contiguous()
+        received = torch.empty_like(x)
+        ops = [
+            dist.P2POp(dist.isend, x, dst, self.group),
+            dist.P2POp(dist.irecv, received, src, self.group),
+        ]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        self.messages[phase] += 1
+        self.bytes_sent[phase] += x.numel() * x.element_size()
+        return received
+
+
+class RingPass(torch.autograd.Function):
+    """Forward: send this K/V block to the next rank, receive the previous rank's.
+    Backward: the gradient goes the other way round the ring."""
+
+    @staticmethod
+    def forward(ctx, kv, ring: Ring):
+        ctx.ring = ring
+        return ring.shift(kv, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.ring.shift(grad, "backward", backwards=True), None
+
+
+def _pieces(positions: torch.Tensor, n: int) -> list[tuple[int, torch.Tensor]]:
+    """(local offset, global positions) of each of the ``n`` equal chunks held."""
+    size = positions.numel() // n
+    return [(i * size, positions[i * size : (i + 1) * size]) for i in range(n)]
+
+
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring, seq_len: int
+) -> torch.Tensor:
+    """Causal softmax(Q K^T / sqrt(d)) V for this rank's queries over the whole
+    sequence, each argument being this rank's tokens (``split_sequence``)."""
+    n_chunks = len(chunks_of(ring.rank, ring.size, ring.split))
+    mine = local_positions(seq_len, ring.size, ring.rank, ring.split).to(q.device)
+    if q.shape[2] != mine.numel() or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            f"q, k, v must each hold this rank's {mine.numel()} tokens of seq_len={seq_len}: "
+            f"got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    shape = (*q.shape[:2], mine.numel() // n_chunks, 1)
+    state = [
+        [torch.full(shape, -math.inf, dtype=q.dtype, device=q.device), q.new_zeros(shape), None]
+        for _ in range(n_chunks)
+    ]  # per query chunk: running max m, running sum l, running output o
+    kv = torch.stack([k, v])  # one message per step
+    for step in range(ring.size):
+        owner = (ring.rank - step) % ring.size
+        theirs = local_positions(seq_len, ring.size, owner, ring.split).to(q.device)
+        for (qo, qpos), st in zip(_pieces(mine, n_chunks), state, strict=True):
+            for ko, kpos in _pieces(theirs, n_chunks):
+                if kpos[0] > qpos[-1]:
+                    continue  # entirely in the future of these queries
+                q_i = q[:, :, qo : qo + qpos.numel()]
+                k_j, v_j = kv[0][:, :, ko : ko + kpos.numel()], kv[1][:, :, ko : ko + kpos.numel()]
+                scores = (q_i @ k_j.transpose(-2, -1)) * scale
+                scores = scores.masked_fill(kpos[None, :] > qpos[:, None], -math.inf)
+                ring.work += scores.numel()
+                m_new = torch.maximum(st[0], scores.amax(-1, keepdim=True).detach())
+                decay, p = torch.exp(st[0] - m_new), torch.exp(scores - m_new)
+                st[1] = st[1] * decay + p.sum(-1, keepdim=True)
+                st[2] = p @ v_j if st[2] is None else st[2] * decay + p @ v_j
+                st[0] = m_new
+        if step < ring.size - 1:
+            kv = RingPass.apply(kv, ring)
+    out = torch.cat([o / l for _, l, o in state], dim=2)
+    # Every rank must run every backward message, also for a block it skipped
+    # (causal): tie the last block in with weight zero, so autograd walks the whole
+    # chain of passes and sends (zero) gradients where the peers expect them.
+    return out + 0.0 * kv.sum()
+
+
+def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The single-process reference: softmax(Q K^T / sqrt(d) + causal mask) V."""
+    s = q.shape[2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(future, -math.inf).softmax(-1) @ v
+
+
+class ContextParallelBlock(nn.Module):
+    """A :class:`~distlab.models.GPTBlock` on this rank's tokens, attention by ring.
+
+    Every weight is replicated (as in data parallelism); only attention needs
+    the other ranks' tokens. Each rank's weight gradients cover its tokens, so
+    :meth:`finish_gradients` sums them over the group (Megatron-LM reduces
+    gradients over the combined data x context parallel group). Attention
+    dropout is not supported (``dense.attn.dropout`` must be 0).
+    """
+
+    def __init__(self, dense: GPTBlock, ring: Ring, *, seq_len: int, algorithm: str = "ring"):
+        super().__init__()
+        if dense.attn.dropout:
+            raise ValueError(f"attention dropout must be 0 here, got {dense.attn.dropout}")
+        local_positions(seq_len, ring.size, ring.rank, ring.split)  # validates seq_len
+        self.block, self.ring, self.seq_len = copy.deepcopy(dense), ring, seq_len
+        self.comm = Collectives(algorithm=algorithm, group=ring.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = self.block.attn
+        h = self.block.ln1(x)
+        q, k, v = (attn._split(layer(h)) for layer in (attn.q, attn.k, attn.v))
+        out = ring_attention(q, k, v, self.ring, self.seq_len).transpose(1, 2).reshape(x.shape)
+        x = x + dropout(attn.proj(out), attn.dropout, self.training)
+        return x + self.block.mlp(self.block.ln2(x))
+
+    def finish_gradients(self) -> None:
+        """Sum every weight gradient over the context-parallel group (one flat all-reduce)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.comm.all_reduce_sum_(flat)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(part.view_as(g))

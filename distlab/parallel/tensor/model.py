@@ -1,0 +1,89 @@
+"""The tiny GPT of :mod:`distlab.models`, tensor-parallel (and optionally sequence-parallel).
+
+Token embedding and the tied output layer are vocabulary-parallel, the blocks
+are :class:`~distlab.parallel.tensor.layers.ParallelBlock`, the position
+embedding and final LayerNorm are replicated (or, with sequence parallelism,
+applied to each rank's s/t tokens). ``loss`` never gathers the logits.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from distlab.models import GPT
+from distlab.parallel import sequence as sp
+
+from .checks import check_divisible, check_same_on_every_rank, fingerprint
+from .layers import ParallelBlock
+from .ops import TensorParallelComm, copy_to_tp
+from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+
+
+class ParallelGPT(nn.Module):
+    """``ParallelGPT(GPT(config), comm, sequence_parallel=False)``: this rank's shard.
+
+    ``forward(tokens)`` returns this rank's logits slice ``(b, s, V_p/t)``;
+    ``loss(tokens, targets)`` the mean cross-entropy, equal on every rank.
+    After ``loss.backward()`` call :meth:`finish_gradients` (sums the gradients
+    of sequence-parallel LayerNorms and biases; nothing to do without SP).
+    """
+
+    def __init__(self, dense: GPT, comm: TensorParallelComm, *, sequence_parallel=False):
+        super().__init__()
+        c = dense.config
+        t = comm.world_size
+        check_divisible("hidden", c.hidden, t)
+        check_divisible("heads", c.heads, t)
+        if sequence_parallel:
+            check_divisible("seq_len", c.seq_len, t)
+        check_same_on_every_rank(comm, "the dense GPT", fingerprint(dense))
+        self.config, self.comm, self.sequence_parallel = c, comm, sequence_parallel
+        self.tok = VocabParallelEmbedding(dense.tok, comm, sequence_parallel=sequence_parallel)
+        self.pos = copy.deepcopy(dense.pos)
+        self.blocks = nn.ModuleList(
+            ParallelBlock(b, comm, sequence_parallel=sequence_parallel) for b in dense.blocks
+        )
+        self.ln_f = copy.deepcopy(dense.ln_f)
+        if not c.tie_embeddings:  # the output layer's own rows, padded like the embedding's
+            padded = dense.head.weight.new_zeros(self.tok.weight.shape[0] * t, c.hidden)
+            padded[: c.vocab] = dense.head.weight.detach()
+            self.head_weight = nn.Parameter(padded.chunk(t)[comm.rank].clone())
+        if sequence_parallel:
+            sp.mark_sequence_parallel(self.pos)
+            sp.mark_sequence_parallel(self.ln_f)
+
+    def _head(self) -> nn.Parameter:
+        return self.tok.weight if self.config.tie_embeddings else self.head_weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        _, s = tokens.shape
+        if s > self.config.seq_len:
+            raise ValueError(f"sequence length {s} exceeds config.seq_len={self.config.seq_len}")
+        positions = torch.arange(s, device=tokens.device)
+        if self.sequence_parallel:
+            check_divisible("sequence length", s, self.comm.world_size)
+            positions = positions.chunk(self.comm.world_size)[self.comm.rank]
+        x = self.tok(tokens) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        weight = self._head()
+        if self.sequence_parallel:
+            (logits,) = sp.LinearsOnGatheredSequence.apply(x, self.comm, "head in", weight, None)
+            return logits
+        return F.linear(copy_to_tp(x, self.comm, "head in"), weight)
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(tokens)
+        return vocab_parallel_cross_entropy(
+            logits, targets, self.comm, start=self.tok.start, vocab=self.config.vocab
+        )
+
+    def finish_gradients(self) -> None:
+        """Sum the partial gradients of sequence-parallel parameters over the group."""
+        if self.sequence_parallel:
+            sp.sync_sequence_parallel_grads(self, self.comm)
