@@ -22,8 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from distlab.calc.units import format_size
 from distlab.sim.fit import compare, fit_alpha_beta, load_records, record_model, select
-from distlab.sim.sizes import format_bytes
 
 #: distlab bench runs hierarchical_all_reduce with this many ranks per node (see bench.py).
 BENCH_RANKS_PER_NODE = 2
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for p in predictions:
         print(
-            f"{p.collective:<15}{p.algorithm:<20}{p.world_size:>3}{format_bytes(p.n_bytes):>11}"
+            f"{p.collective:<15}{p.algorithm:<20}{p.world_size:>3}{format_size(p.n_bytes):>11}"
             f"{p.measured_s * 1e6:>14.1f}{p.predicted_s * 1e6:>14.1f}{p.relative_error:>+9.1%}"
         )
 

@@ -15,8 +15,11 @@ from distlab.sim import (
     preset,
     simulate,
 )
-from distlab.sim.cost import CLOSED_FORMS, AlphaBetaCost, log2_ceil
+from distlab.collectives.registry import REGISTRY
+from distlab.sim.cost import AlphaBetaCost, log2_ceil
 from distlab.sim.topology import Link
+
+CLOSED_FORMS = [name for name, entry in REGISTRY.items() if entry.cost is not None]
 
 LINK = Link("uniform", alpha=7e-6, bandwidth=20e9)
 GAMMA = 1 / 40e9

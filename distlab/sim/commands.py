@@ -15,9 +15,10 @@ import argparse
 import json
 import sys
 
+from distlab.calc.units import format_size, size_range
+
 from .algorithms import algorithm_name, build_schedule
 from .replay import SimResult, simulate
-from .sizes import format_bytes, size_range
 from .topology import PRESETS, ClusterSpec, load_cluster, preset
 
 
@@ -130,7 +131,7 @@ def _print_tables(records: list[dict], cluster: ClusterSpec, world_size: int) ->
             table.add_column(column, justify="left" if column == "limited by" else "right")
         for r in rows:
             table.add_row(
-                format_bytes(r["bytes"]),
+                format_size(r["bytes"]),
                 str(r["count"]),
                 f"{r['time_s'] * 1e6:.2f}",
                 f"{r['algbw_GBps']:.2f}",
