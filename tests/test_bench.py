@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from distlab.cli import main
 from distlab.calc.units import format_size, parse_size, size_range
+from distlab.cli import main
 from distlab.collectives.bench import DEFAULT_SIZES
 from distlab.sim.bandwidth import busbw_factor
 

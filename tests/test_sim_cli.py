@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from distlab.sim import build_schedule, commands, preset, simulate
 from distlab.calc.units import format_size, parse_size, size_range
+from distlab.sim import build_schedule, commands, preset, simulate
 
 
 def run_sim(argv, capsys):

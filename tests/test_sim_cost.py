@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from distlab.collectives.registry import REGISTRY
 from distlab.sim import (
     algbw,
     all_reduce_lower_bound,
@@ -15,7 +16,6 @@ from distlab.sim import (
     preset,
     simulate,
 )
-from distlab.collectives.registry import REGISTRY
 from distlab.sim.cost import AlphaBetaCost, log2_ceil
 from distlab.sim.topology import Link
 
