@@ -19,6 +19,7 @@ The algorithms come from :data:`distlab.collectives.registry.REGISTRY`;
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -218,6 +219,7 @@ def run_bench(
     if iters is not None:
         positive_int("iters", iters)
     plan = _plan(list(world_sizes), list(collectives), list(algorithms or []), ranks_per_node)
+    _check_memory(list(sizes), max(world_sizes, default=1), backend)
     records = []
     with _progress_bar(progress, len(plan)) as advance:
         for n, collective, algorithm in plan:
@@ -226,6 +228,18 @@ def run_bench(
             records.extend(results[0])
             advance(f"{collective} {algorithm}, {n} ranks")
     return records
+
+
+def _check_memory(sizes: list[int], n: int, backend: str) -> None:
+    """Refuse sizes whose buffers (about 3 per rank: input, output, scratch) cannot fit in RAM."""
+    if backend != "gloo" or not sizes:
+        return
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 3 * n * max(sizes) > memory:
+        raise ValueError(
+            f"size {format_size(max(sizes))} on {n} ranks needs about {format_size(3 * n * max(sizes))}"
+            f" of memory; this machine has {format_size(memory)}: choose smaller --sizes"
+        )
 
 
 class _progress_bar:

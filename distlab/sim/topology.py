@@ -271,15 +271,21 @@ def cluster_from_dict(spec: dict) -> ClusterSpec:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    """Read a cluster spec from a .json or .yaml/.yml file."""
+    """Read a cluster spec from a .json or .yaml/.yml file.
+
+    A file that cannot be read raises ``ValueError`` naming it.
+    """
     path = Path(path)
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read cluster file {str(path)!r}: {exc.strerror}") from None
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
         data = yaml.safe_load(text)
     else:
-        data = json.loads(text)
+        data = json.loads(text)  # a malformed file raises json.JSONDecodeError, a ValueError
     return cluster_from_dict(data)
 
 
