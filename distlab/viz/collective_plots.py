@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 import matplotlib
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -59,11 +58,10 @@ Grid = list[list[Counter]]
 
 
 def _subplots(rows: int, columns: int, figsize: tuple[float, float]):
-    """A closed pyplot figure: it shows once, as the value of a notebook cell or via
-    ``display``, and is not shown a second time by the inline backend at the end of the cell."""
-    fig, axes = plt.subplots(rows, columns, figsize=figsize, squeeze=False)
-    plt.close(fig)
-    return fig, axes
+    """A :class:`Figure` made without pyplot (the idiom of every ``distlab.viz`` module): it
+    shows once, as the value of a notebook cell or via ``display``."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(rows, columns, squeeze=False)
 
 
 def _check_world_size(world_size: int) -> None:
