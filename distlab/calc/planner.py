@@ -48,6 +48,7 @@ from ._validate import divisors, fraction, positive, positive_int
 from .comm import data_parallel_comm, pipeline_parallel_comm, tensor_parallel_comm
 from .flops import model_flops_per_token, recompute_overhead
 from .memory import PeakMemory, get_recipe, peak_bytes
+from .pipeline import bubble_fraction
 from .transformer import ModelSpec, model_preset
 from .units import GB, format_seconds
 
@@ -340,7 +341,11 @@ class _Context:
                 virtual_stages=c.virtual_stages,
             ).time_on(pp_link)
         slot = slot_compute + slot_tp + slot_pp
-        m, bubble_slots = c.micro_batches, (c.pp - 1) / c.virtual_stages
+        m = c.micro_batches
+        schedule = "interleaved" if c.virtual_stages > 1 else "1f1b"
+        bubble = bubble_fraction(c.pp, m, schedule=schedule, virtual_stages=c.virtual_stages,
+                                 relative_to="ideal")  # fmt: skip
+        bubble_slots = bubble * m  # (pp - 1) / v idle slots per step
         dp_s = 0.0
         if dp_link is not None:
             dp_s = data_parallel_comm(
