@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..sim.topology import ClusterSpec, Link
+from ..sim.topology import ClusterSpec, Link, network_link
+from ..sim.topology import group_link as topology_group_link
 from ._validate import divisors, fraction, positive, positive_int
 from .comm import data_parallel_comm, pipeline_parallel_comm, tensor_parallel_comm
 from .flops import model_flops_per_token, recompute_overhead
@@ -144,29 +145,18 @@ class StepEstimate:
 
 
 def group_link(cluster: ClusterSpec, *, stride: int, size: int) -> Link | None:
-    """The link a group of ``size`` ranks ``stride`` apart communicates over
-    (None for a group of one). Groups are inside an NVLink domain when
-    stride x size divides the domain's GPU count (then no group straddles two
-    domains). Inside a domain: the intra-node link
-    (a shared bus is divided among the group; a PCIe box uses its slower
-    cross-socket path when the group spans PCIe switches). Across domains:
-    the network, each GPU getting nics_per_node / gpus_per_node of a NIC."""
-    if size == 1:
-        return None
-    span = stride * size  # the group's ranks lie in a block of `span` consecutive ranks
-    domain = cluster.nvlink_domain_gpus
-    if span <= domain and domain % span == 0:  # no block straddles two domains
-        if cluster.intra_kind == "bus":
-            intra = cluster.intra
-            return Link(f"{intra.name} shared by {size}", intra.alpha, intra.bandwidth / size)
-        if cluster.intra_kind == "pcie" and span > (cluster.gpus_per_pcie_switch or span):
-            return cluster.far_intra
-        return cluster.intra
-    inter = cluster.inter
-    share = cluster.nics_per_node / cluster.gpus_per_node
-    if share >= 1:
-        return inter
-    return Link(f"{inter.name} ({share:g} NIC per GPU)", inter.alpha, inter.bandwidth * share)
+    """The link of groups of ``size`` ranks ``stride`` apart, tiling the cluster's ranks
+    (blocks of ``stride x size`` consecutive ranks): :func:`distlab.sim.topology.group_link`
+    on those groups. The planner itself passes the groups of
+    :func:`distlab.placement.groups.rank_groups`."""
+    span = stride * size
+    world = max(cluster.world_size, span)
+    groups = [
+        [start + offset + stride * i for i in range(size)]
+        for start in range(0, world, span)
+        for offset in range(stride)
+    ]
+    return topology_group_link(cluster, groups)
 
 
 @dataclass
@@ -277,12 +267,21 @@ class _Context:
         self.flops_per_token = model_flops_per_token(
             spec.n_params, layers=spec.layers, hidden=spec.hidden, seq_len=spec.seq_len
         )
-        self._links: dict[tuple[int, int], Link | None] = {}
+        self._links: dict[tuple[int, int, int], tuple[Link | None, ...]] = {}
 
-    def link(self, stride: int, size: int) -> Link | None:
-        key = (stride, size)
+    def links(self, c: ParallelConfig) -> tuple[Link | None, Link | None, Link | None]:
+        """(tp, dp, pp) links of layout ``c``: its groups from :mod:`distlab.placement.groups`
+        (:func:`~distlab.placement.groups.rank_groups`' layout, as arrays), their links from
+        :func:`distlab.sim.topology.group_link`; cached per (tp, dp, pp)."""
+        key = (c.tp, c.dp, c.pp)
         if key not in self._links:
-            self._links[key] = group_link(self.cluster, stride=stride, size=size)
+            from distlab.placement.groups import group_array
+
+            world, degrees = self.cluster.world_size, {"tp": c.tp, "dp": c.dp, "pp": c.pp}
+            self._links[key] = tuple(
+                topology_group_link(self.cluster, group_array(world, d, **degrees))
+                for d in ("tp", "dp", "pp")
+            )
         return self._links[key]
 
     def estimate(self, c: ParallelConfig) -> StepEstimate | None:
@@ -315,9 +314,7 @@ class _Context:
         slot_compute = (self.flops_per_token * tokens * (1 + overhead) / (c.tp * c.pp)) / (
             self.peak * a.compute_efficiency
         )
-        tp_link = self.link(1, c.tp)
-        dp_link = self.link(c.tp, c.dp)
-        pp_link = self.link(c.tp * c.dp, c.pp)
+        tp_link, dp_link, pp_link = self.links(c)
         slot_tp = 0.0
         if tp_link is not None:
             slot_tp = tensor_parallel_comm(
@@ -450,7 +447,7 @@ def _why_tp_inside(p: Plan) -> str:
         sequence_parallel=c.sequence_parallel,
         recompute=c.recompute,
     )
-    network = group_link(cl, stride=cl.nvlink_domain_gpus, size=c.tp)
+    network = network_link(cl)
     on_network = comm.time_on(network)
     text = (
         f"Why TP stays inside the NVLink domain: each GPU sends {_gb(comm.total)} of TP traffic per "

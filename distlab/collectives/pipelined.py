@@ -111,13 +111,31 @@ def segment_messages(
                     )
                     if sending:
                         _record(schedule, seg.numel() * seg.element_size())
-    for i, m in enumerate(messages):
-        for earlier in messages[:i]:
+    _add_dependencies(messages, segment_elems)
+    return messages
+
+
+def _add_dependencies(messages: list[_Message], block: int) -> None:
+    """Fill each message's ``after`` with the earlier messages (other steps) it conflicts with.
+
+    A send conflicts with earlier receives of an overlapping region; a receive with any
+    earlier message of an overlapping region. Comparing every pair costs O(M^2) for M
+    messages; instead each region is filed under the ``block``-element blocks it touches
+    (a segment spans at most two), so a message meets only the earlier messages of its own
+    blocks: O(M x messages per block), linear in the buffer size.
+    """
+    by_block: dict[tuple, list[_Message]] = {}
+    for m in messages:
+        side, piece, start, stop = m.region
+        keys = [(side, piece, b) for b in range(start // block, (stop - 1) // block + 1)]
+        candidates = {id(e): e for key in keys for e in by_block.get(key, ())}
+        for earlier in candidates.values():
             if earlier.step == m.step or not _overlap(earlier.region, m.region):
                 continue
-            if m.kind == "send" and earlier.kind == "recv" or m.kind == "recv":
+            if m.kind == "recv" or earlier.kind == "recv":
                 m.after.append(earlier)
-    return messages
+        for key in keys:
+            by_block.setdefault(key, []).append(m)
 
 
 def _origin(chunks: Chunks, ids, piece_index: int) -> tuple[int, int]:

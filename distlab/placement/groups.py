@@ -110,6 +110,26 @@ def rank_groups(
     return groups
 
 
+def group_array(
+    world_size: int,
+    dimension: str,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    cp: int = 1,
+    order: str = DEFAULT_ORDER,
+) -> np.ndarray:
+    """One dense dimension's groups (``"tp"``, ``"cp"``, ``"dp"`` or ``"pp"``) as an
+    ``(n_groups, size)`` array: ``rank_groups(...)[dimension]`` without building every list
+    (the planner asks this for thousands of layouts of up to 16,384 ranks)."""
+    if dimension not in ("tp", "cp", "dp", "pp"):
+        raise ValueError(f"dimension must be one of tp, cp, dp, pp, got {dimension!r}")
+    check_degrees(world_size, tp=tp, pp=pp, dp=dp, cp=cp, ep=1)
+    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    return grid_groups(parse_order(order), dense, [dimension])
+
+
 def masked_groups(names: list[str], sizes: dict[str, int], members: list[str]) -> list[list[int]]:
     """The groups spanned by the dimensions ``members`` of the grid ``sizes`` laid out in ``names``.
 
