@@ -284,9 +284,10 @@ class _Context:
             )
         return self._links[key]
 
-    def estimate(self, c: ParallelConfig) -> StepEstimate | None:
-        spec, a = self.spec, self.a
-        mem = peak_bytes(
+    def memory(self, c: ParallelConfig) -> PeakMemory:
+        """Peak memory per GPU of layout ``c`` (:func:`~distlab.calc.memory.peak_bytes`)."""
+        spec = self.spec
+        return peak_bytes(
             n_params=spec.n_params,
             layers=spec.layers,
             hidden=spec.hidden,
@@ -294,7 +295,7 @@ class _Context:
             seq_len=spec.seq_len,
             micro_batch=c.micro_batch,
             micro_batches=c.micro_batches,
-            recipe=a.recipe,
+            recipe=self.a.recipe,
             zero_stage=c.zero_stage,
             dp=c.dp,
             tp=c.tp,
@@ -305,30 +306,28 @@ class _Context:
             virtual_stages=c.virtual_stages,
             largest_layer_params=spec.largest_layer_params,
         )
-        if mem.total > self.capacity:
-            return None
-        s, h = spec.seq_len, spec.hidden
-        layers_per_stage = spec.layers // c.pp
+
+    def slot_seconds(self, c: ParallelConfig, tp_link, pp_link) -> tuple[float, float, float]:
+        """(compute, TP communication, PP sends) of one micro-batch through one stage."""
+        spec, s, h = self.spec, self.spec.seq_len, self.spec.hidden
         tokens = c.micro_batch * s
         overhead = recompute_overhead(c.recompute, seq_len=s, hidden=h)
-        slot_compute = (self.flops_per_token * tokens * (1 + overhead) / (c.tp * c.pp)) / (
-            self.peak * a.compute_efficiency
+        compute = (self.flops_per_token * tokens * (1 + overhead) / (c.tp * c.pp)) / (
+            self.peak * self.a.compute_efficiency
         )
-        tp_link, dp_link, pp_link = self.links(c)
-        slot_tp = 0.0
+        tp_s = pp_s = 0.0
         if tp_link is not None:
-            slot_tp = tensor_parallel_comm(
+            tp_s = tensor_parallel_comm(
                 seq_len=s,
                 micro_batch=c.micro_batch,
                 hidden=h,
-                layers=layers_per_stage,
+                layers=spec.layers // c.pp,
                 tp=c.tp,
                 sequence_parallel=c.sequence_parallel,
                 recompute=c.recompute,
             ).time_on(tp_link)
-        slot_pp = 0.0
         if pp_link is not None:
-            slot_pp = pipeline_parallel_comm(
+            pp_s = pipeline_parallel_comm(
                 seq_len=s,
                 micro_batch=c.micro_batch,
                 hidden=h,
@@ -337,25 +336,38 @@ class _Context:
                 tp=c.tp,
                 virtual_stages=c.virtual_stages,
             ).time_on(pp_link)
-        slot = slot_compute + slot_tp + slot_pp
-        m = c.micro_batches
-        schedule = "interleaved" if c.virtual_stages > 1 else "1f1b"
-        bubble = bubble_fraction(c.pp, m, schedule=schedule, virtual_stages=c.virtual_stages,
+        return compute, tp_s, pp_s
+
+    def dp_seconds(self, c: ParallelConfig, dp_link) -> float:
+        """Exposed data-parallel communication per step (the ``dp_overlap`` share is hidden)."""
+        if dp_link is None:
+            return 0.0
+        volume = data_parallel_comm(
+            self.spec.n_params / (c.tp * c.pp),
+            dp=c.dp,
+            zero_stage=c.zero_stage,
+            bytes_per_param=self.recipe.param_bytes,
+            bytes_per_grad=self.recipe.grad_bytes,
+            micro_batches=c.micro_batches,
+        )
+        return volume.time_on(dp_link, all_reduce="auto") * (1 - self.a.dp_overlap)
+
+    def estimate(self, c: ParallelConfig) -> StepEstimate | None:
+        """Step time of layout ``c``: ``(m + bubble slots)`` micro-batch slots plus the exposed
+        data-parallel communication; ``None`` when it does not fit in memory."""
+        mem = self.memory(c)
+        if mem.total > self.capacity:
+            return None
+        tp_link, dp_link, pp_link = self.links(c)
+        compute, tp_s, pp_s = self.slot_seconds(c, tp_link, pp_link)
+        slot, m = compute + tp_s + pp_s, c.micro_batches
+        bubble = bubble_fraction(c.pp, m, schedule=c.schedule, virtual_stages=c.virtual_stages,
                                  relative_to="ideal")  # fmt: skip
         bubble_slots = bubble * m  # (pp - 1) / v idle slots per step
-        dp_s = 0.0
-        if dp_link is not None:
-            dp_s = data_parallel_comm(
-                spec.n_params / (c.tp * c.pp),
-                dp=c.dp,
-                zero_stage=c.zero_stage,
-                bytes_per_param=self.recipe.param_bytes,
-                bytes_per_grad=self.recipe.grad_bytes,
-                micro_batches=m,
-            ).time_on(dp_link, all_reduce="auto") * (1 - a.dp_overlap)
+        dp_s = self.dp_seconds(c, dp_link)
         step = (m + bubble_slots) * slot + dp_s
+        tokens = c.micro_batch * self.spec.seq_len
         model_flops = self.flops_per_token * tokens * m * c.dp
-        mfu = model_flops / (step * self.cluster.world_size * self.peak)
         links = {
             name: (link.name if link is not None else "-")
             for name, link in (("tp", tp_link), ("pp", pp_link), ("dp", dp_link))
@@ -363,13 +375,13 @@ class _Context:
         return StepEstimate(
             c,
             mem,
-            compute_s=m * slot_compute,
-            tp_comm_s=m * slot_tp,
-            pp_comm_s=m * slot_pp,
+            compute_s=m * compute,
+            tp_comm_s=m * tp_s,
+            pp_comm_s=m * pp_s,
             bubble_s=bubble_slots * slot,
             dp_comm_s=dp_s,
             step_s=step,
-            mfu=mfu,
+            mfu=model_flops / (step * self.cluster.world_size * self.peak),
             links=links,
         )
 
