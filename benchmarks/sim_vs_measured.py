@@ -33,7 +33,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     """Run the bench ``--repeat`` times per (collective, world size), keep each
     point's fastest time (other processes on the machine only ever add time),
     and save as it goes."""
-    from distlab.collectives.bench import parse_sizes, run_bench
+    from distlab.calc.units import size_range
+    from distlab.collectives.bench import run_bench
 
     records: list[dict] = []
     for collective in args.collectives.split(","):
@@ -48,7 +49,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 for r in run_bench(
                     world_sizes=[n],
                     collectives=[collective],
-                    sizes=parse_sizes(args.sizes),
+                    sizes=size_range(args.sizes),
                     iters=args.iters,
                 ):
                     key = (r["algorithm"], r["bytes"])
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", help="write the measured records here")
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--collectives", default="all_reduce")
-    parser.add_argument("--sizes", default="4KiB:64MiB")
+    parser.add_argument("--sizes", default="4KiB:64MiB:16")  # x16 steps, as distlab bench
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument(
         "--repeat", type=int, default=1, help="bench runs; each point keeps its fastest"
