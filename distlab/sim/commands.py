@@ -42,7 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
     p.add_argument("--world-size", type=int, help="ranks (default: every GPU of the cluster)")
     p.add_argument(
-        "--sizes", default="4KiB:1GiB", help="lo:hi (doubling) or a comma list, e.g. 4KiB:1GiB"
+        "--sizes",
+        default="4KiB:1GiB",
+        help="lo:hi (doubling, ends at hi), lo:hi:factor or a comma list, e.g. 4KiB:1GiB",
     )
     p.add_argument(
         "--factor", type=int, default=2, help="size multiplier in a lo:hi range (default 2)"
