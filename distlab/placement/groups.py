@@ -111,22 +111,19 @@ def rank_groups(
 
 
 def group_array(
-    world_size: int,
-    dimension: str,
-    *,
-    tp: int = 1,
-    pp: int = 1,
-    dp: int = 1,
-    cp: int = 1,
-    order: str = DEFAULT_ORDER,
+    world_size: int, dimension: str, *, order: str = DEFAULT_ORDER, **degrees: int
 ) -> np.ndarray:
     """One dense dimension's groups (``"tp"``, ``"cp"``, ``"dp"`` or ``"pp"``) as an
-    ``(n_groups, size)`` array: ``rank_groups(...)[dimension]`` without building every list
-    (the planner asks this for thousands of layouts of up to 16,384 ranks)."""
+    ``(n_groups, size)`` array: ``rank_groups(world_size, **degrees)[dimension]`` without
+    building every list (the planner asks for thousands of layouts of up to 16,384 ranks).
+    ``degrees`` are ``tp``, ``pp``, ``dp`` and ``cp`` (default 1 each)."""
     if dimension not in ("tp", "cp", "dp", "pp"):
         raise ValueError(f"dimension must be one of tp, cp, dp, pp, got {dimension!r}")
-    check_degrees(world_size, tp=tp, pp=pp, dp=dp, cp=cp, ep=1)
-    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    unknown = set(degrees) - {"tp", "pp", "dp", "cp"}
+    if unknown:
+        raise ValueError(f"unknown degrees {sorted(unknown)}; allowed: tp, pp, dp, cp")
+    dense = {"tp": 1, "cp": 1, "ep": 1, "dp": 1, "pp": 1, **degrees}
+    check_degrees(world_size, **dense)
     return grid_groups(parse_order(order), dense, [dimension])
 
 
