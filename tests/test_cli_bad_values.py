@@ -42,9 +42,17 @@ def _cases():
                 yield pytest.param(program, command, None, value, id=f"{program}-{command}-{value}")
 
 
+@pytest.fixture(scope="module")
+def cards_db(tmp_path_factory):
+    """One throwaway card database for every case: the deck is loaded into it once."""
+    return str(tmp_path_factory.mktemp("cards") / "cards.sqlite3")
+
+
 @pytest.mark.parametrize("program,command,option,value", list(_cases()))
-def test_bad_value_gives_one_line_error(program, command, option, value, tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTLAB_FLASHCARDS_DB", str(tmp_path / "cards.sqlite3"))
+def test_bad_value_gives_one_line_error(
+    program, command, option, value, tmp_path, monkeypatch, cards_db
+):
+    monkeypatch.setenv("DISTLAB_FLASHCARDS_DB", cards_db)
     monkeypatch.chdir(tmp_path)
     files = {"MISSING_FILE": str(tmp_path / "missing.json"), "OUT_FILE": str(tmp_path / "out")}
     positionals = [files.get(p, p) for p in POSITIONALS.get(command, [])]
