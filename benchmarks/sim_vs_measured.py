@@ -22,8 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from distlab.calc.units import format_size
 from distlab.sim.fit import compare, fit_alpha_beta, load_records, record_model, select
-from distlab.sim.sizes import format_bytes
 
 #: distlab bench runs hierarchical_all_reduce with this many ranks per node (see bench.py).
 BENCH_RANKS_PER_NODE = 2
@@ -33,7 +33,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     """Run the bench ``--repeat`` times per (collective, world size), keep each
     point's fastest time (other processes on the machine only ever add time),
     and save as it goes."""
-    from distlab.collectives.bench import parse_sizes, run_bench
+    from distlab.calc.units import size_range
+    from distlab.collectives.bench import run_bench
 
     records: list[dict] = []
     for collective in args.collectives.split(","):
@@ -48,7 +49,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 for r in run_bench(
                     world_sizes=[n],
                     collectives=[collective],
-                    sizes=parse_sizes(args.sizes),
+                    sizes=size_range(args.sizes),
                     iters=args.iters,
                 ):
                     key = (r["algorithm"], r["bytes"])
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", help="write the measured records here")
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--collectives", default="all_reduce")
-    parser.add_argument("--sizes", default="4KiB:64MiB")
+    parser.add_argument("--sizes", default="4KiB:64MiB:16")  # x16 steps, as distlab bench
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument(
         "--repeat", type=int, default=1, help="bench runs; each point keeps its fastest"
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for p in predictions:
         print(
-            f"{p.collective:<15}{p.algorithm:<20}{p.world_size:>3}{format_bytes(p.n_bytes):>11}"
+            f"{p.collective:<15}{p.algorithm:<20}{p.world_size:>3}{format_size(p.n_bytes):>11}"
             f"{p.measured_s * 1e6:>14.1f}{p.predicted_s * 1e6:>14.1f}{p.relative_error:>+9.1%}"
         )
 

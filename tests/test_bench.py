@@ -4,16 +4,18 @@ import json
 
 import pytest
 
+from distlab.calc.units import format_size, parse_size, size_range
 from distlab.cli import main
-from distlab.collectives.bench import BUSBW_FACTOR, format_size, parse_size, parse_sizes
+from distlab.collectives.bench import DEFAULT_SIZES
+from distlab.sim.bandwidth import busbw_factor
 
 
 def test_sizes_parse_like_nccl_tests():
     assert parse_size("4KiB") == 4096
     assert parse_size("64MiB") == 64 << 20
-    assert parse_sizes("4KiB:64MiB") == [4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
-    assert parse_sizes("4KiB,1MiB") == [4096, 1 << 20]
-    assert format_size(64 << 20) == "64MiB"
+    assert size_range(DEFAULT_SIZES) == [4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+    assert size_range("4KiB,1MiB") == [4096, 1 << 20]
+    assert format_size(64 << 20) == "64 MiB"
 
 
 @pytest.mark.parametrize("bad", ["", "abc", "-4KiB", "0"])
@@ -23,10 +25,10 @@ def test_bad_sizes_are_named(bad):
 
 
 def test_busbw_factors_are_the_nccl_tests_ones():
-    assert BUSBW_FACTOR["all_reduce"](4) == 2 * 3 / 4
-    assert BUSBW_FACTOR["all_gather"](4) == 3 / 4
-    assert BUSBW_FACTOR["reduce_scatter"](8) == 7 / 8
-    assert BUSBW_FACTOR["broadcast"](8) == 1
+    assert busbw_factor("all_reduce", 4) == 2 * 3 / 4
+    assert busbw_factor("all_gather", 4) == 3 / 4
+    assert busbw_factor("reduce_scatter", 8) == 7 / 8
+    assert busbw_factor("broadcast", 8) == 1
 
 
 def test_bench_cli_json_on_two_ranks(capsys):

@@ -111,3 +111,19 @@ def test_time_on_link():
 def test_bad_input(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_comm_parts_count_what_the_ring_schedules_send(collective, k):
+    """calc.comm's bytes and messages equal the ring schedule's, rank by rank (as sim.cost is)."""
+    from distlab.collectives.registry import lookup
+
+    schedule = lookup("ring", collective).schedule(k)
+    chunk = 1000  # bytes per chunk, so the payload divides evenly into k chunks
+    part = comm.CommPart("x", collective, k, payload_bytes=chunk * k)
+    for rank in range(k):
+        sent = schedule.bytes_sent(rank, [chunk] * schedule.n_chunks)
+        assert part.bytes_sent == pytest.approx(sent, rel=1e-12)
+        steps = sum(1 for step in schedule.steps if any(t.src == rank for t in step))
+        assert part.messages == steps

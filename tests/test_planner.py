@@ -192,3 +192,22 @@ def test_every_preset_gets_a_plan_and_mfu_stays_below_the_assumed_efficiency(nam
     result = plan(name, preset("dgx-h100", nodes=nodes), global_batch=256)
     for e in result.candidates[:50]:
         assert 0 < e.mfu <= result.assumptions.compute_efficiency
+
+
+@pytest.mark.parametrize("cluster_name,nodes", [("dgx-h100", 4), ("pcie-8gpu", 2), ("ethernet", 2)])
+def test_group_links_from_rank_groups(cluster_name, nodes):
+    """sim's group link on placement's rank groups (lists and arrays) equals the block rule."""
+    from distlab.placement.groups import group_array, rank_groups
+    from distlab.sim.topology import group_link as sim_group_link
+
+    cluster = preset(cluster_name, nodes=nodes)
+    world = cluster.world_size
+    for tp in (d for d in range(1, world + 1) if world % d == 0):
+        for pp in (d for d in range(1, world // tp + 1) if (world // tp) % d == 0):
+            dp = world // (tp * pp)
+            groups = rank_groups(world, tp=tp, dp=dp, pp=pp)
+            for dim, stride, size in (("tp", 1, tp), ("dp", tp, dp), ("pp", tp * dp, pp)):
+                expected = group_link(cluster, stride=stride, size=size)
+                assert sim_group_link(cluster, groups[dim]) == expected
+                array = group_array(world, dim, tp=tp, dp=dp, pp=pp)
+                assert sim_group_link(cluster, array) == expected

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from distlab.calc.units import format_size, parse_size, size_range
 from distlab.sim import build_schedule, commands, preset, simulate
-from distlab.sim.sizes import format_bytes, parse_size, size_range
 
 
 def run_sim(argv, capsys):
@@ -25,7 +25,7 @@ def test_sizes():
     assert size_range("4KiB:64KiB") == [4096, 8192, 16384, 32768, 65536]
     assert size_range("1KiB:1MiB", 32) == [2**10, 2**15, 2**20]
     assert size_range("4KiB,1MiB") == [4096, 2**20]
-    assert format_bytes(4096) == "4 KiB" and format_bytes(3 * 2**30) == "3 GiB"
+    assert format_size(4096) == "4 KiB" and format_size(3 * 2**30) == "3 GiB"
     for bad in ("0", "-4KiB", "4 parsecs", "0.5B", ""):
         with pytest.raises(ValueError, match="size"):
             parse_size(bad)

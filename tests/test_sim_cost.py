@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from distlab.collectives.registry import REGISTRY
 from distlab.sim import (
     algbw,
     all_reduce_lower_bound,
@@ -15,8 +16,10 @@ from distlab.sim import (
     preset,
     simulate,
 )
-from distlab.sim.cost import CLOSED_FORMS, AlphaBetaCost, log2_ceil
+from distlab.sim.cost import AlphaBetaCost, log2_ceil
 from distlab.sim.topology import Link
+
+CLOSED_FORMS = [name for name, entry in REGISTRY.items() if entry.cost is not None]
 
 LINK = Link("uniform", alpha=7e-6, bandwidth=20e9)
 GAMMA = 1 / 40e9

@@ -18,12 +18,25 @@ ZeRO-3 3Ψ: 1.5 times DDP).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from distlab.sim.cost import (
+    ring_all_gather_cost,
+    ring_all_reduce_cost,
+    ring_reduce_scatter_cost,
+    tree_all_reduce_cost,
+)
 
 from ._validate import choice, positive, positive_int
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
+
+#: the ring closed forms (distlab.sim.cost) whose bytes and steps a CommPart counts
+_RING = {
+    "all_reduce": ring_all_reduce_cost,
+    "reduce_scatter": ring_reduce_scatter_cost,
+    "all_gather": ring_all_gather_cost,
+}
 _ZERO_STAGES = (0, 1, 2, 3)
 _RECOMPUTE = ("none", "selective", "full")
 
@@ -44,15 +57,12 @@ class CommPart:
 
     @property
     def bytes_sent(self) -> float:
-        """Bytes one GPU sends for all ``count`` calls (ring algorithms)."""
-        k = self.group_size
+        """Bytes one GPU sends for all ``count`` calls (ring algorithms: the ``beta`` factor of
+        :mod:`distlab.sim.cost`'s ring closed forms times the payload)."""
         if self.collective == "send_recv":
-            per_call = self.payload_bytes
-        elif self.collective == "all_reduce":
-            per_call = 2 * (k - 1) / k * self.payload_bytes
-        else:
-            per_call = (k - 1) / k * self.payload_bytes
-        return per_call * self.count
+            return self.payload_bytes * self.count
+        factor = _RING[self.collective](self.group_size).beta_factor
+        return factor * self.payload_bytes * self.count
 
     @property
     def messages(self) -> float:
@@ -69,9 +79,10 @@ class CommPart:
             return 0
         if self.collective == "send_recv":
             return self.count
+        ring = _RING[self.collective](k).alpha_terms
         if self.collective != "all_reduce":
-            return (k - 1) * self.count
-        ring, tree = 2 * (k - 1), 2 * math.ceil(math.log2(k))
+            return ring * self.count
+        tree = tree_all_reduce_cost(k).alpha_terms  # 2 ceil(log2 K)
         steps = {"ring": ring, "tree": tree, "auto": min(ring, tree)}[all_reduce]
         return steps * self.count
 

@@ -43,11 +43,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..sim.topology import ClusterSpec, Link
+from ..sim.topology import ClusterSpec, Link, network_link
+from ..sim.topology import group_link as topology_group_link
 from ._validate import divisors, fraction, positive, positive_int
 from .comm import data_parallel_comm, pipeline_parallel_comm, tensor_parallel_comm
 from .flops import model_flops_per_token, recompute_overhead
 from .memory import PeakMemory, get_recipe, peak_bytes
+from .pipeline import bubble_fraction
 from .transformer import ModelSpec, model_preset
 from .units import GB, format_seconds
 
@@ -143,29 +145,18 @@ class StepEstimate:
 
 
 def group_link(cluster: ClusterSpec, *, stride: int, size: int) -> Link | None:
-    """The link a group of ``size`` ranks ``stride`` apart communicates over
-    (None for a group of one). Groups are inside an NVLink domain when
-    stride x size divides the domain's GPU count (then no group straddles two
-    domains). Inside a domain: the intra-node link
-    (a shared bus is divided among the group; a PCIe box uses its slower
-    cross-socket path when the group spans PCIe switches). Across domains:
-    the network, each GPU getting nics_per_node / gpus_per_node of a NIC."""
-    if size == 1:
-        return None
-    span = stride * size  # the group's ranks lie in a block of `span` consecutive ranks
-    domain = cluster.nvlink_domain_gpus
-    if span <= domain and domain % span == 0:  # no block straddles two domains
-        if cluster.intra_kind == "bus":
-            intra = cluster.intra
-            return Link(f"{intra.name} shared by {size}", intra.alpha, intra.bandwidth / size)
-        if cluster.intra_kind == "pcie" and span > (cluster.gpus_per_pcie_switch or span):
-            return cluster.far_intra
-        return cluster.intra
-    inter = cluster.inter
-    share = cluster.nics_per_node / cluster.gpus_per_node
-    if share >= 1:
-        return inter
-    return Link(f"{inter.name} ({share:g} NIC per GPU)", inter.alpha, inter.bandwidth * share)
+    """The link of groups of ``size`` ranks ``stride`` apart, tiling the cluster's ranks
+    (blocks of ``stride x size`` consecutive ranks): :func:`distlab.sim.topology.group_link`
+    on those groups. The planner itself passes the groups of
+    :func:`distlab.placement.groups.rank_groups`."""
+    span = stride * size
+    world = max(cluster.world_size, span)
+    groups = [
+        [start + offset + stride * i for i in range(size)]
+        for start in range(0, world, span)
+        for offset in range(stride)
+    ]
+    return topology_group_link(cluster, groups)
 
 
 @dataclass
@@ -276,17 +267,27 @@ class _Context:
         self.flops_per_token = model_flops_per_token(
             spec.n_params, layers=spec.layers, hidden=spec.hidden, seq_len=spec.seq_len
         )
-        self._links: dict[tuple[int, int], Link | None] = {}
+        self._links: dict[tuple[int, int, int], tuple[Link | None, ...]] = {}
 
-    def link(self, stride: int, size: int) -> Link | None:
-        key = (stride, size)
+    def links(self, c: ParallelConfig) -> tuple[Link | None, Link | None, Link | None]:
+        """(tp, dp, pp) links of layout ``c``: its groups from :mod:`distlab.placement.groups`
+        (:func:`~distlab.placement.groups.rank_groups`' layout, as arrays), their links from
+        :func:`distlab.sim.topology.group_link`; cached per (tp, dp, pp)."""
+        key = (c.tp, c.dp, c.pp)
         if key not in self._links:
-            self._links[key] = group_link(self.cluster, stride=stride, size=size)
+            from distlab.placement.groups import group_array
+
+            world, degrees = self.cluster.world_size, {"tp": c.tp, "dp": c.dp, "pp": c.pp}
+            self._links[key] = tuple(
+                topology_group_link(self.cluster, group_array(world, d, **degrees))
+                for d in ("tp", "dp", "pp")
+            )
         return self._links[key]
 
-    def estimate(self, c: ParallelConfig) -> StepEstimate | None:
-        spec, a = self.spec, self.a
-        mem = peak_bytes(
+    def memory(self, c: ParallelConfig) -> PeakMemory:
+        """Peak memory per GPU of layout ``c`` (:func:`~distlab.calc.memory.peak_bytes`)."""
+        spec = self.spec
+        return peak_bytes(
             n_params=spec.n_params,
             layers=spec.layers,
             hidden=spec.hidden,
@@ -294,7 +295,7 @@ class _Context:
             seq_len=spec.seq_len,
             micro_batch=c.micro_batch,
             micro_batches=c.micro_batches,
-            recipe=a.recipe,
+            recipe=self.a.recipe,
             zero_stage=c.zero_stage,
             dp=c.dp,
             tp=c.tp,
@@ -305,32 +306,28 @@ class _Context:
             virtual_stages=c.virtual_stages,
             largest_layer_params=spec.largest_layer_params,
         )
-        if mem.total > self.capacity:
-            return None
-        s, h = spec.seq_len, spec.hidden
-        layers_per_stage = spec.layers // c.pp
+
+    def slot_seconds(self, c: ParallelConfig, tp_link, pp_link) -> tuple[float, float, float]:
+        """(compute, TP communication, PP sends) of one micro-batch through one stage."""
+        spec, s, h = self.spec, self.spec.seq_len, self.spec.hidden
         tokens = c.micro_batch * s
         overhead = recompute_overhead(c.recompute, seq_len=s, hidden=h)
-        slot_compute = (self.flops_per_token * tokens * (1 + overhead) / (c.tp * c.pp)) / (
-            self.peak * a.compute_efficiency
+        compute = (self.flops_per_token * tokens * (1 + overhead) / (c.tp * c.pp)) / (
+            self.peak * self.a.compute_efficiency
         )
-        tp_link = self.link(1, c.tp)
-        dp_link = self.link(c.tp, c.dp)
-        pp_link = self.link(c.tp * c.dp, c.pp)
-        slot_tp = 0.0
+        tp_s = pp_s = 0.0
         if tp_link is not None:
-            slot_tp = tensor_parallel_comm(
+            tp_s = tensor_parallel_comm(
                 seq_len=s,
                 micro_batch=c.micro_batch,
                 hidden=h,
-                layers=layers_per_stage,
+                layers=spec.layers // c.pp,
                 tp=c.tp,
                 sequence_parallel=c.sequence_parallel,
                 recompute=c.recompute,
             ).time_on(tp_link)
-        slot_pp = 0.0
         if pp_link is not None:
-            slot_pp = pipeline_parallel_comm(
+            pp_s = pipeline_parallel_comm(
                 seq_len=s,
                 micro_batch=c.micro_batch,
                 hidden=h,
@@ -339,21 +336,38 @@ class _Context:
                 tp=c.tp,
                 virtual_stages=c.virtual_stages,
             ).time_on(pp_link)
-        slot = slot_compute + slot_tp + slot_pp
-        m, bubble_slots = c.micro_batches, (c.pp - 1) / c.virtual_stages
-        dp_s = 0.0
-        if dp_link is not None:
-            dp_s = data_parallel_comm(
-                spec.n_params / (c.tp * c.pp),
-                dp=c.dp,
-                zero_stage=c.zero_stage,
-                bytes_per_param=self.recipe.param_bytes,
-                bytes_per_grad=self.recipe.grad_bytes,
-                micro_batches=m,
-            ).time_on(dp_link, all_reduce="auto") * (1 - a.dp_overlap)
+        return compute, tp_s, pp_s
+
+    def dp_seconds(self, c: ParallelConfig, dp_link) -> float:
+        """Exposed data-parallel communication per step (the ``dp_overlap`` share is hidden)."""
+        if dp_link is None:
+            return 0.0
+        volume = data_parallel_comm(
+            self.spec.n_params / (c.tp * c.pp),
+            dp=c.dp,
+            zero_stage=c.zero_stage,
+            bytes_per_param=self.recipe.param_bytes,
+            bytes_per_grad=self.recipe.grad_bytes,
+            micro_batches=c.micro_batches,
+        )
+        return volume.time_on(dp_link, all_reduce="auto") * (1 - self.a.dp_overlap)
+
+    def estimate(self, c: ParallelConfig) -> StepEstimate | None:
+        """Step time of layout ``c``: ``(m + bubble slots)`` micro-batch slots plus the exposed
+        data-parallel communication; ``None`` when it does not fit in memory."""
+        mem = self.memory(c)
+        if mem.total > self.capacity:
+            return None
+        tp_link, dp_link, pp_link = self.links(c)
+        compute, tp_s, pp_s = self.slot_seconds(c, tp_link, pp_link)
+        slot, m = compute + tp_s + pp_s, c.micro_batches
+        bubble = bubble_fraction(c.pp, m, schedule=c.schedule, virtual_stages=c.virtual_stages,
+                                 relative_to="ideal")  # fmt: skip
+        bubble_slots = bubble * m  # (pp - 1) / v idle slots per step
+        dp_s = self.dp_seconds(c, dp_link)
         step = (m + bubble_slots) * slot + dp_s
+        tokens = c.micro_batch * self.spec.seq_len
         model_flops = self.flops_per_token * tokens * m * c.dp
-        mfu = model_flops / (step * self.cluster.world_size * self.peak)
         links = {
             name: (link.name if link is not None else "-")
             for name, link in (("tp", tp_link), ("pp", pp_link), ("dp", dp_link))
@@ -361,13 +375,13 @@ class _Context:
         return StepEstimate(
             c,
             mem,
-            compute_s=m * slot_compute,
-            tp_comm_s=m * slot_tp,
-            pp_comm_s=m * slot_pp,
+            compute_s=m * compute,
+            tp_comm_s=m * tp_s,
+            pp_comm_s=m * pp_s,
             bubble_s=bubble_slots * slot,
             dp_comm_s=dp_s,
             step_s=step,
-            mfu=mfu,
+            mfu=model_flops / (step * self.cluster.world_size * self.peak),
             links=links,
         )
 
@@ -445,7 +459,7 @@ def _why_tp_inside(p: Plan) -> str:
         sequence_parallel=c.sequence_parallel,
         recompute=c.recompute,
     )
-    network = group_link(cl, stride=cl.nvlink_domain_gpus, size=c.tp)
+    network = network_link(cl)
     on_network = comm.time_on(network)
     text = (
         f"Why TP stays inside the NVLink domain: each GPU sends {_gb(comm.total)} of TP traffic per "

@@ -80,23 +80,83 @@ def format_count(n: float) -> str:
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_UNIT_BY_UPPER = {name.upper(): name for name in BYTE_UNITS}
 
 
 def parse_bytes(text: str | float) -> float:
-    """'80GB' -> 8e10, '80GiB' -> 85899345920, '1.5e9' -> 1.5e9 (plain numbers are bytes)."""
+    """'80GB' -> 8e10, '80GiB' -> 85899345920, '1.5e9' -> 1.5e9 (plain numbers are bytes).
+
+    Unit names are read case-insensitively ('4kib' == '4KiB'); KB is 10^3, KiB 2^10.
+    """
     if isinstance(text, (int, float)):
         value = float(text)
     else:
         match = _SIZE_RE.match(str(text))
-        unit = match.group(2) if match else None
-        if match is None or (unit and unit not in BYTE_UNITS):
+        unit = _UNIT_BY_UPPER.get(match.group(2).upper() or "B") if match else None
+        if unit is None:
             raise ValueError(
                 f"cannot read a byte size from {text!r}; use a number and one of {list(BYTE_UNITS)}"
             )
-        value = float(match.group(1)) * BYTE_UNITS[unit or "B"]
+        value = float(match.group(1)) * BYTE_UNITS[unit]
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"a byte size must be a positive number, got {text!r}")
+        raise ValueError(f"size {text!r} must be a positive, finite number of bytes")
     return value
+
+
+def parse_size(text: str | int) -> int:
+    """A message size in whole bytes: '4KiB' -> 4096, '1.5 KB' -> 1500, '12' -> 12.
+
+    Like :func:`parse_bytes`, and the result must be a whole number of bytes.
+    """
+    value = parse_bytes(text)
+    if value != int(value):
+        raise ValueError(f"size {text!r} must be a whole number of bytes, got {value}")
+    return int(value)
+
+
+def size_range(spec: str, factor: int = 2) -> list[int]:
+    """Message sizes from a command line; the one rule every ``distlab`` command uses.
+
+    * ``"lo:hi"``: ``lo, lo*factor, lo*factor^2, ...`` below ``hi``, then ``hi``
+      (nccl-tests' ``-b lo -e hi -f factor``, always ending at ``hi``);
+    * ``"lo:hi:f"``: the same with factor ``f`` (``"4KiB:64MiB:16"``);
+    * ``"4KiB,1MiB"``: those sizes; one size: ``[size]``.
+
+    ``size_range("4KiB:64KiB") == [4096, 8192, 16384, 32768, 65536]``.
+    """
+    parts = str(spec).split(":")
+    if len(parts) == 1:
+        return [parse_size(part) for part in parts[0].split(",")]
+    if len(parts) == 3:
+        factor = _range_factor(parts[2], spec)
+    elif len(parts) != 2:
+        raise ValueError(f"size range {spec!r} must be lo:hi or lo:hi:factor")
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
+        raise ValueError(f"size range factor must be an integer >= 2, got {factor!r}")
+    lo, hi = parse_size(parts[0]), parse_size(parts[1])
+    if hi < lo:
+        raise ValueError(f"size range {spec!r} ends below its start")
+    sizes = [lo]
+    while sizes[-1] * factor < hi:
+        sizes.append(sizes[-1] * factor)
+    return sizes if sizes[-1] == hi else [*sizes, hi]
+
+
+def _range_factor(text: str, spec: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"size range {spec!r}: factor {text!r} is not an integer >= 2") from None
+
+
+def format_size(n_bytes: float) -> str:
+    """A size in the largest binary unit it reaches: ``4096`` -> ``"4 KiB"``, ``3 * 2**30`` ->
+    ``"3 GiB"``, ``1000`` -> ``"1000 B"`` (4 significant digits). Tables of message sizes use it;
+    :func:`format_bytes` prints in a unit you choose."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if n_bytes >= BYTE_UNITS[unit]:
+            return f"{n_bytes / BYTE_UNITS[unit]:.4g} {unit}"
+    return f"{n_bytes:.4g} B"
 
 
 def dtype_bytes(dtype: str) -> int:

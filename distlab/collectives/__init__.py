@@ -15,6 +15,7 @@ from .all_to_all import all_to_all, all_to_all_schedule
 from .halving_doubling import halving_doubling_all_reduce, halving_doubling_all_reduce_schedule
 from .hierarchical import hierarchical_all_reduce, hierarchical_all_reduce_schedule
 from .naive import naive_all_reduce, naive_all_reduce_schedule
+from .registry import REGISTRY, Algorithm, lookup
 from .ring import (
     ring_all_gather,
     ring_all_gather_schedule,
@@ -35,33 +36,24 @@ from .tree import (
     tree_reduce_schedule,
 )
 
-#: Public collective name -> schedule builder (world_size, ...) -> Schedule.
-SCHEDULES = {
-    "ring_reduce_scatter": ring_reduce_scatter_schedule,
-    "ring_all_gather": ring_all_gather_schedule,
-    "ring_all_reduce": ring_all_reduce_schedule,
-    "tree_reduce": tree_reduce_schedule,
-    "tree_broadcast": tree_broadcast_schedule,
-    "tree_all_reduce": tree_all_reduce_schedule,
-    "double_binary_tree_all_reduce": double_binary_tree_all_reduce_schedule,
-    "halving_doubling_all_reduce": halving_doubling_all_reduce_schedule,
-    "hierarchical_all_reduce": hierarchical_all_reduce_schedule,
-    "all_to_all": all_to_all_schedule,
-    "naive_all_reduce": naive_all_reduce_schedule,
-}
+#: Public collective name -> schedule builder (world_size, ...) -> Schedule; read from
+#: :data:`~distlab.collectives.registry.REGISTRY` (the shard variant of the hierarchical
+#: all-reduce is ``SCHEDULES["hierarchical_all_reduce"](n, k, "shard")``).
+SCHEDULES = {a.name: a.builder for a in REGISTRY.values() if not a.options}
+SCHEDULES["hierarchical_all_reduce"] = hierarchical_all_reduce_schedule
 
-#: The all-reduce algorithms, by short name (used by DDP and the benchmark).
+#: The one-level all-reduce algorithms, by short name (used by DDP and the tests).
 ALL_REDUCE = {
-    "ring": ring_all_reduce,
-    "tree": tree_all_reduce,
-    "double_binary_tree": double_binary_tree_all_reduce,
-    "halving_doubling": halving_doubling_all_reduce,
-    "naive": naive_all_reduce,
+    a.short: globals()[a.runner_name]
+    for a in REGISTRY.values()
+    if a.collective == "all_reduce" and not a.two_level
 }
 
 __all__ = [
     "ALL_REDUCE",
+    "REGISTRY",
     "SCHEDULES",
+    "Algorithm",
     "Schedule",
     "Transfer",
     "all_to_all",
@@ -74,6 +66,7 @@ __all__ = [
     "halving_doubling_all_reduce_schedule",
     "hierarchical_all_reduce",
     "hierarchical_all_reduce_schedule",
+    "lookup",
     "naive_all_reduce",
     "naive_all_reduce_schedule",
     "ring_all_gather",

@@ -16,6 +16,7 @@ The exchange is a dissemination (Bruck) all-gather of the headers: in round
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import IntEnum
 
 import torch
 import torch.distributed as dist
@@ -23,15 +24,33 @@ import torch.distributed as dist
 from .executor import SUPPORTED_DTYPES, global_rank, group_info, op_name
 
 _OPS = ("sum", "avg", "product", "max", "min")
+
+
+class Problem(IntEnum):
+    """What can be wrong with one rank's inputs; sent to the other ranks as an integer."""
+
+    NONE = 0
+    NOT_CONTIGUOUS = 1
+    DTYPE = 2
+    OP = 3
+    INTEGER_AVG = 4
+    LIST_LENGTH = 5
+    OUTPUT_SIZE = 6
+    MIXED_DTYPES = 7
+    ROOT = 8
+
+
 PROBLEMS = {
-    1: "its tensor is not contiguous (call .contiguous() first)",
-    2: "its dtype is not supported (allowed: " + ", ".join(str(d) for d in SUPPORTED_DTYPES) + ")",
-    3: "its reduce op is not supported (allowed: ReduceOp.SUM, AVG, PRODUCT, MAX, MIN)",
-    4: "ReduceOp.AVG needs a floating-point tensor (integer averages are not exact)",
-    5: "its list of tensors does not have one tensor per rank",
-    6: "its output tensor has the wrong number of elements",
-    7: "its tensors do not all have the same dtype",
-    8: "its root rank is outside the group",
+    Problem.NOT_CONTIGUOUS: "its tensor is not contiguous (call .contiguous() first)",
+    Problem.DTYPE: "its dtype is not supported (allowed: "
+    + ", ".join(str(d) for d in SUPPORTED_DTYPES)
+    + ")",
+    Problem.OP: "its reduce op is not supported (allowed: ReduceOp.SUM, AVG, PRODUCT, MAX, MIN)",
+    Problem.INTEGER_AVG: "ReduceOp.AVG needs a floating-point tensor (integer averages are not exact)",
+    Problem.LIST_LENGTH: "its list of tensors does not have one tensor per rank",
+    Problem.OUTPUT_SIZE: "its output tensor has the wrong number of elements",
+    Problem.MIXED_DTYPES: "its tensors do not all have the same dtype",
+    Problem.ROOT: "its root rank is outside the group",
 }
 
 
@@ -48,22 +67,22 @@ def dtype_code(tensor: torch.Tensor) -> int:
 
 
 def local_problem(tensors: list[torch.Tensor], op=None, *, reduces: bool = True) -> tuple[int, int]:
-    """(problem code, op code) for this rank's inputs; code 0 means fine."""
+    """(:class:`Problem`, op code) for this rank's inputs; ``Problem.NONE`` means fine."""
     try:
         name = op_name(op) if reduces else "sum"
         op_code = _OPS.index(name)
     except ValueError:
-        return 3, -1
+        return Problem.OP, -1
     for t in tensors:
         if not t.is_contiguous():
-            return 1, op_code
+            return Problem.NOT_CONTIGUOUS, op_code
         if t.dtype not in SUPPORTED_DTYPES:
-            return 2, op_code
+            return Problem.DTYPE, op_code
         if t.dtype != tensors[0].dtype:
-            return 7, op_code
+            return Problem.MIXED_DTYPES, op_code
         if reduces and name == "avg" and not t.is_floating_point():
-            return 4, op_code
-    return 0, op_code
+            return Problem.INTEGER_AVG, op_code
+    return Problem.NONE, op_code
 
 
 def all_gather_headers(header: list[int], group, device: torch.device) -> list[list[int]]:
@@ -118,7 +137,7 @@ def check_agreement(
     headers = all_gather_headers([problem, op_code, *sizes], group, device)
     for r, row in enumerate(headers):
         if row[0]:
-            raise ValueError(f"{name}: rank {r}: {PROBLEMS[row[0]]}")
+            raise ValueError(f"{name}: rank {r}: {PROBLEMS[Problem(row[0])]}")
     for r, row in enumerate(headers):
         if row[1] != headers[0][1]:
             raise ValueError(

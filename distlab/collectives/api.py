@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .agree import (
+    Problem,
     check_agreement,
     describe,
     dtype_code,
@@ -44,18 +45,18 @@ def _per_rank_sizes(
     """Element count of each rank's block, and a problem code (0 when fine).
 
     ``blocks`` is one tensor per rank, or one tensor of ``n`` blocks the size
-    of ``own``; this rank's block must have ``own``'s size. Problem 5: not one
-    tensor per rank; 6: sizes that do not fit.
+    of ``own``; this rank's block must have ``own``'s size.
+    Problems: ``LIST_LENGTH`` (not one tensor per rank), ``OUTPUT_SIZE`` (sizes that do not fit).
     """
     if isinstance(blocks, (list, tuple)):
         if len(blocks) != n:
-            return [0] * n, 5
+            return [0] * n, Problem.LIST_LENGTH
         sizes = [t.numel() for t in blocks]
     else:
         sizes = [own.numel()] * n
         if blocks.numel() != n * own.numel():
-            return sizes, 6
-    return sizes, (6 if sizes[rank] != own.numel() else 0)
+            return sizes, Problem.OUTPUT_SIZE
+    return sizes, (Problem.OUTPUT_SIZE if sizes[rank] != own.numel() else Problem.NONE)
 
 
 def all_reduce(
@@ -174,7 +175,7 @@ def rooted(
     rank, n = group_info(group)
     problem, op_code = local_problem([tensor], op, reduces=reduces)
     if not isinstance(root, int) or not 0 <= root < n:
-        problem, root = problem or 8, -1
+        problem, root = problem or Problem.ROOT, -1
     check_agreement(
         name,
         group,

@@ -8,46 +8,34 @@ iteration is the slowest rank's average. Bandwidths follow nccl-tests
 * ``algbw = size / time``, where ``size`` is the buffer size nccl-tests
   reports (all-reduce: the buffer; all-gather: the gathered output;
   reduce-scatter: the full input; all-to-all: the send buffer);
-* ``busbw = algbw * factor``, the factor making it comparable with the
-  hardware's link speed whatever the world size ``n``: all-reduce
-  ``2(n-1)/n``, reduce-scatter and all-gather ``(n-1)/n``, all-to-all
-  ``(n-1)/n``, broadcast and reduce ``1``.
+* ``busbw = algbw * factor`` with nccl-tests' factor for the collective
+  (:func:`distlab.sim.bandwidth.busbw_factor`, e.g. ``2(n-1)/n`` for all-reduce).
+
+The algorithms come from :data:`distlab.collectives.registry.REGISTRY`;
+``builtin`` is ``torch.distributed``'s own collective. Sizes are read by
+:func:`distlab.calc.units.size_range`, the rule every ``distlab`` command uses.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 
-BUSBW_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
+from distlab.calc._validate import positive_int
+from distlab.calc.units import format_size, size_range
+from distlab.collectives import registry
+from distlab.sim.bandwidth import busbw_factor
 
 #: collective -> algorithms benchmarked (``builtin`` = torch.distributed's own)
-ALGORITHMS = {
-    "all_reduce": [
-        "builtin",
-        "ring",
-        "tree",
-        "double_binary_tree",
-        "halving_doubling",
-        "hierarchical",
-        "naive",
-    ],
-    "reduce_scatter": ["builtin", "ring"],
-    "all_gather": ["builtin", "ring"],
-    "broadcast": ["builtin", "tree"],
-    "reduce": ["builtin", "tree"],
-    "all_to_all": ["builtin", "pairwise"],
-}
+ALGORITHMS = {c: ["builtin", *registry.algorithms_for(c)] for c in registry.collectives()}
 
-UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+#: dtypes ``distlab bench`` times (torch names)
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+
+#: ``distlab bench``'s default sizes: 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB
+DEFAULT_SIZES = "4KiB:64MiB:16"
 
 
 @dataclass
@@ -64,98 +52,83 @@ class BenchRecord:
     busbw_GBps: float
 
 
-def parse_size(text: str) -> int:
-    """'4KiB' -> 4096, '64MiB' -> 67108864, '1000' -> 1000."""
-    for unit in sorted(UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            number = text[: -len(unit)]
-            break
-    else:
-        unit, number = "B", text
-    try:
-        value = int(float(number) * UNITS[unit])
-    except ValueError:
-        raise ValueError(f"bad size {text!r}; use e.g. 4KiB, 1MiB, 65536") from None
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
-    return value
-
-
-def parse_sizes(text: str) -> list[int]:
-    """'4KiB:64MiB' -> 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB (x16 steps, last one included);
-    '4KiB,1MiB' -> those two."""
-    if ":" in text:
-        low, high = (parse_size(part) for part in text.split(":", 1))
-        sizes = []
-        size = low
-        while size < high:
-            sizes.append(size)
-            size *= 16
-        return sizes + [high]
-    return [parse_size(part) for part in text.split(",")]
-
-
-def format_size(n: int) -> str:
-    for unit in ("GiB", "MiB", "KiB"):
-        if n >= UNITS[unit] and n % UNITS[unit] == 0:
-            return f"{n // UNITS[unit]}{unit}"
-    return f"{n}B"
-
-
 def _iterations(size: int) -> int:
     return max(3, min(50, (32 << 20) // size))
 
 
-def _bench_worker(rank, world_size, collectives, algorithms, sizes, dtype_name, iters, backend):
-    """Runs on every rank; returns BenchRecords (rank 0's list is the answer)."""
+def _builtin(collective: str):
+    """torch.distributed's own collective, called like distlab's runner for ``collective``."""
+    import torch.distributed as dist
+
+    return {
+        "all_reduce": dist.all_reduce,
+        "reduce_scatter": dist.reduce_scatter_tensor,
+        "all_gather": dist.all_gather_into_tensor,
+        "broadcast": lambda x: dist.broadcast(x, 0),
+        "reduce": lambda x: dist.reduce(x, 0),
+        "all_to_all": dist.all_to_all,
+    }[collective]
+
+
+def _make_op(collective, algorithm, size, n, dtype, device, ranks_per_node):
+    """(elements nccl-tests reports, a closure running one collective) on fresh buffers."""
+    import torch
+
+    if algorithm == "builtin":
+        fn = _builtin(collective)
+    else:
+        entry = registry.lookup(algorithm, collective)
+        fn = entry.runner()
+        if entry.two_level:
+            fn = _with_ranks_per_node(fn, min(ranks_per_node, n))
+    element = torch.tensor([], dtype=dtype).element_size()
+    count = max(1, size // element)
+    per_rank = max(1, count // n)
+
+    def ones(k):
+        return torch.ones(k, dtype=dtype, device=device)
+
+    if collective == "reduce_scatter":
+        small, big = ones(per_rank), ones(per_rank * n)
+        return per_rank * n, lambda: fn(small, big)
+    if collective == "all_gather":
+        small, big = ones(per_rank), ones(per_rank * n)
+        return per_rank * n, lambda: fn(big, small)
+    if collective == "all_to_all":
+        send = [ones(per_rank) for _ in range(n)]
+        recv = [torch.empty_like(s) for s in send]
+        return per_rank * n, lambda: fn(recv, send)
+    x = ones(count)  # all_reduce, broadcast, reduce: in place, root 0
+    return count, lambda: fn(x)
+
+
+def _with_ranks_per_node(fn, k):
+    return lambda x: fn(x, ranks_per_node=k)
+
+
+def _time_op(op, repeat: int, sync) -> float:
+    """Seconds per call on this rank: two warm-up calls, then ``repeat`` timed between barriers."""
     import time
 
+    for _ in range(2):
+        op()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        op()
+    sync()
+    return (time.perf_counter() - start) / repeat
+
+
+def _bench_worker(
+    rank, world_size, collective, algorithm, sizes, dtype_name, iters, backend, ranks_per_node
+):
+    """Runs on every rank: one (collective, algorithm) at every size; rank 0's records count."""
     import torch
     import torch.distributed as dist
 
-    from distlab import collectives as dc
-
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     dtype = getattr(torch, dtype_name)
-    element = torch.tensor([], dtype=dtype).element_size()
-    n = world_size
-
-    def make_op(collective, algorithm, size):
-        count = max(1, size // element)
-        if collective == "all_reduce":
-            x = torch.ones(count, dtype=dtype, device=device)
-            if algorithm == "builtin":
-                return count, lambda: dist.all_reduce(x)
-            if algorithm == "hierarchical":
-                return count, lambda: dc.hierarchical_all_reduce(x, ranks_per_node=2)
-            return count, lambda: dc.ALL_REDUCE[algorithm](x)
-        if collective in ("reduce_scatter", "all_gather"):
-            per_rank = max(1, count // n)
-            big = torch.ones(per_rank * n, dtype=dtype, device=device)
-            small = torch.ones(per_rank, dtype=dtype, device=device)
-            if collective == "reduce_scatter":
-                fn = (
-                    dist.reduce_scatter_tensor if algorithm == "builtin" else dc.ring_reduce_scatter
-                )
-                return per_rank * n, lambda: fn(small, big)
-            fn = dist.all_gather_into_tensor if algorithm == "builtin" else dc.ring_all_gather
-            return per_rank * n, lambda: fn(big, small)
-        if collective in ("broadcast", "reduce"):
-            x = torch.ones(count, dtype=dtype, device=device)
-            if collective == "broadcast":
-                return count, (lambda: dist.broadcast(x, 0)) if algorithm == "builtin" else (
-                    lambda: dc.tree_broadcast(x, 0)
-                )
-            return count, (lambda: dist.reduce(x, 0)) if algorithm == "builtin" else (
-                lambda: dc.tree_reduce(x, 0)
-            )
-        if collective == "all_to_all":
-            per_rank = max(1, count // n)
-            send = [torch.ones(per_rank, dtype=dtype, device=device) for _ in range(n)]
-            recv = [torch.empty(per_rank, dtype=dtype, device=device) for _ in range(n)]
-            fn = dist.all_to_all if algorithm == "builtin" else dc.all_to_all
-            return per_rank * n, lambda: fn(recv, send)
-        raise ValueError(collective)
 
     def sync():
         if backend == "nccl":
@@ -163,46 +136,63 @@ def _bench_worker(rank, world_size, collectives, algorithms, sizes, dtype_name, 
         dist.barrier()
 
     records = []
-    for collective in collectives:
-        for algorithm in ALGORITHMS[collective]:
-            if algorithms and algorithm not in algorithms:
-                continue
-            if n == 1 and algorithm != "builtin":
-                pass
-            for size in sizes:
-                count, op = make_op(collective, algorithm, size)
-                repeat = iters or _iterations(size)
-                for _ in range(2):
-                    op()
-                sync()
-                start = time.perf_counter()
-                for _ in range(repeat):
-                    op()
-                sync()
-                elapsed = torch.tensor(
-                    [(time.perf_counter() - start) / repeat], dtype=torch.float64
-                )
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                seconds = elapsed.item()
-                nbytes = count * element
-                algbw = nbytes / seconds / 1e9
-                records.append(
-                    asdict(
-                        BenchRecord(
-                            collective,
-                            algorithm,
-                            n,
-                            backend,
-                            dtype_name,
-                            nbytes,
-                            count,
-                            seconds,
-                            algbw,
-                            algbw * BUSBW_FACTOR[collective](n),
-                        )
-                    )
-                )
+    for size in sizes:
+        count, op = _make_op(collective, algorithm, size, world_size, dtype, device, ranks_per_node)
+        seconds = _time_op(op, iters or _iterations(size), sync)
+        slowest = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        records.append(
+            _record(
+                collective,
+                algorithm,
+                world_size,
+                backend,
+                dtype_name,
+                count * dtype.itemsize,
+                count,
+                slowest.item(),
+            )
+        )
     return records
+
+
+def _record(collective, algorithm, n, backend, dtype_name, nbytes, count, seconds) -> dict:
+    algbw = nbytes / seconds / 1e9
+    busbw = algbw * busbw_factor(collective, n)
+    return asdict(
+        BenchRecord(
+            collective, algorithm, n, backend, dtype_name, nbytes, count, seconds, algbw, busbw
+        )
+    )
+
+
+def _runs_on(collective: str, algorithm: str, n: int, ranks_per_node: int) -> bool:
+    """The shard hierarchical all-reduce needs whole nodes; everything else runs on any ``n``."""
+    if algorithm == "hierarchical_shard":
+        return n % min(ranks_per_node, n) == 0
+    return True
+
+
+def _plan(world_sizes, collectives_, algorithms, ranks_per_node) -> list[tuple[int, str, str]]:
+    """Every (world size, collective, algorithm) to time, in table order."""
+    unknown = [c for c in collectives_ if c not in ALGORITHMS]
+    if unknown:
+        raise ValueError(f"unknown collective(s) {unknown}; allowed: {sorted(ALGORITHMS)}")
+    known = {a for c in collectives_ for a in ALGORITHMS[c]}
+    if set(algorithms) - known:
+        raise ValueError(
+            f"unknown algorithm(s) {sorted(set(algorithms) - known)} for {collectives_}; "
+            f"allowed: {sorted(known)}"
+        )
+    for n in world_sizes:
+        positive_int("world size", n)
+    return [
+        (n, c, a)
+        for n in world_sizes
+        for c in collectives_
+        for a in ALGORITHMS[c]
+        if (not algorithms or a in algorithms) and _runs_on(c, a, n, ranks_per_node)
+    ]
 
 
 def run_bench(
@@ -214,26 +204,64 @@ def run_bench(
     dtype: str = "float32",
     iters: int | None = None,
     backend: str = "gloo",
+    ranks_per_node: int = 2,
+    progress: bool = False,
 ) -> list[dict]:
-    """Benchmark and return records (dicts with the :class:`BenchRecord` fields)."""
+    """Benchmark and return records (dicts with the :class:`BenchRecord` fields).
+
+    ``ranks_per_node`` is the node size the hierarchical all-reduces assume (ranks
+    ``0..k-1`` form node 0, ...). ``progress=True`` shows a rich progress bar on stderr,
+    one tick per (world size, collective, algorithm).
+    """
     from distlab.launch import run
 
-    unknown = [c for c in collectives if c not in ALGORITHMS]
-    if unknown:
-        raise ValueError(f"unknown collective(s) {unknown}; allowed: {sorted(ALGORITHMS)}")
+    positive_int("ranks_per_node", ranks_per_node)
+    if iters is not None:
+        positive_int("iters", iters)
+    plan = _plan(list(world_sizes), list(collectives), list(algorithms or []), ranks_per_node)
+    _check_memory(list(sizes), max(world_sizes, default=1), backend)
     records = []
-    for n in world_sizes:
-        if n < 1:
-            raise ValueError(f"world sizes must be >= 1, got {n}")
-        results = run(
-            _bench_worker,
-            n,
-            backend=backend,
-            timeout=1800,
-            args=(list(collectives), list(algorithms or []), list(sizes), dtype, iters, backend),
-        )
-        records.extend(results[0])
+    with _progress_bar(progress, len(plan)) as advance:
+        for n, collective, algorithm in plan:
+            args = (collective, algorithm, list(sizes), dtype, iters, backend, ranks_per_node)
+            results = run(_bench_worker, n, backend=backend, timeout=1800, args=args)
+            records.extend(results[0])
+            advance(f"{collective} {algorithm}, {n} ranks")
     return records
+
+
+def _check_memory(sizes: list[int], n: int, backend: str) -> None:
+    """Refuse sizes whose buffers (about 3 per rank: input, output, scratch) cannot fit in RAM."""
+    if backend != "gloo" or not sizes:
+        return
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 3 * n * max(sizes) > memory:
+        raise ValueError(
+            f"size {format_size(max(sizes))} on {n} ranks needs about {format_size(3 * n * max(sizes))}"
+            f" of memory; this machine has {format_size(memory)}: choose smaller --sizes"
+        )
+
+
+class _progress_bar:
+    """A rich progress bar on stderr when ``enabled``; a no-op otherwise (pipes, tests)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self.progress = enabled, total, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda description: None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.progress = Progress(console=Console(file=sys.stderr), transient=True)
+        self.progress.start()
+        task = self.progress.add_task("distlab bench", total=self.total)
+        return lambda description: self.progress.update(task, advance=1, description=description)
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
 
 
 def print_table(records: list[dict], file=sys.stdout) -> None:
@@ -289,9 +317,14 @@ def register(subparsers) -> None:
         help="comma-separated subset (default: all for each collective)",
     )
     p.add_argument(
-        "--sizes", default="4KiB:64MiB", help="'4KiB:64MiB' (x16 steps) or a list '4KiB,1MiB'"
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help=f"lo:hi (doubling), lo:hi:factor or a list 4KiB,1MiB (default {DEFAULT_SIZES})",
     )
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument(
+        "--ranks-per-node", type=int, default=2, help="node size for the hierarchical all-reduces"
+    )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations per point (default: by size)"
     )
@@ -312,10 +345,12 @@ def _main(args) -> int:
         world_sizes=world_sizes,
         collectives=collectives,
         algorithms=args.algorithms.split(",") if args.algorithms else None,
-        sizes=parse_sizes(args.sizes),
+        sizes=size_range(args.sizes),
         dtype=args.dtype,
         iters=args.iters,
         backend=args.backend,
+        ranks_per_node=args.ranks_per_node,
+        progress=sys.stderr.isatty() and not args.json,
     )
     if args.json:
         print(json.dumps(records, indent=1))

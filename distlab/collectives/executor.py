@@ -1,16 +1,18 @@
 """Run a :class:`~distlab.collectives.schedule.Schedule` on real processes.
 
-One executor serves every algorithm. For each step, a rank
+One executor serves every algorithm. Read :func:`run_steps` first: it is the
+whole idea. For each step of the schedule, a rank
 
-1. posts a non-blocking receive (``irecv``) for every message addressed to it
-   and a non-blocking send (``isend``) for every message it sends, so sending
-   and receiving overlap;
-2. waits for the receives *in order* and reduces each one into its buffer as
-   soon as it lands, while the later ones are still on the wire.
+1. posts a non-blocking send (``isend``) for every chunk it sends and a
+   non-blocking receive (``irecv``) for every chunk it receives (a chunk it
+   will reduce lands in a scratch tensor);
+2. waits for all of them;
+3. combines each scratch tensor into its chunk (sum, max, ...).
 
-Large messages are cut into segments of ``segment_bytes`` so that step 2
-really overlaps: the reduction of segment ``k`` runs while segment ``k + 1``
-arrives. Only point-to-point operations are used; never a built-in
+:func:`execute` plays the same schedule with a faster engine
+(:mod:`distlab.collectives.pipelined`: messages cut into segments, the next
+step started as soon as its data has landed), tested equal to
+:func:`run_steps`. Only point-to-point operations are used; never a built-in
 collective.
 """
 
@@ -20,13 +22,17 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from .schedule import Schedule, chunk_bounds
 
-#: Messages are cut into pieces of at most this many bytes (see module docstring).
+if TYPE_CHECKING:  # pragma: no cover
+    from .pipelined import Workspace
+
+#: The pipelined engine cuts messages into pieces of at most this many bytes.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 
 SUPPORTED_DTYPES = (
@@ -170,27 +176,40 @@ def global_rank(group, rank: int) -> int:
     return dist.get_global_rank(group, rank)
 
 
-# --------------------------------------------------------------- executor ----
-# Reduced messages land in a scratch buffer before being added in. It is kept
-# between calls, per (device, dtype), and grown when a bigger message comes:
-# allocating tens of MiB afresh each step costs page faults that take as long
-# as the transfer itself (NCCL and gloo keep such buffers too).
-_workspace: dict[tuple, torch.Tensor] = {}
+# -------------------------------------------------------- reference executor ----
+def run_steps(
+    schedule: Schedule, buffer: Chunks, *, op: str = "sum", group=None, out: Chunks | None = None
+) -> None:
+    """The reference executor: play ``schedule`` one step at a time (see the module docstring)."""
+    rank, _ = group_info(group)
+    out = buffer if out is None else out
+    for step in schedule.steps:
+        works, to_combine = [], []
+        for t in step:
+            if t.src == rank and t.dst == rank:  # all-to-all keeps its own block
+                for dst, src in zip(out.region(t.landing), buffer.region(t.chunks)):
+                    dst.copy_(src)
+            elif t.src == rank:
+                for piece in buffer.region(t.chunks):
+                    if piece.numel():
+                        works.append(dist.isend(piece, global_rank(group, t.dst), group))
+                        _record(schedule, piece.numel() * piece.element_size())
+            elif t.dst == rank:
+                for piece in out.region(t.landing):
+                    if piece.numel():
+                        landing = torch.empty_like(piece) if t.reduce else piece
+                        works.append(dist.irecv(landing, global_rank(group, t.src), group))
+                        if t.reduce:
+                            to_combine.append((piece, landing))
+        for work in works:
+            work.wait()
+        for piece, landing in to_combine:
+            combine_(piece, landing, op)
 
 
-def workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A scratch tensor of at least ``numel`` elements, reused across calls."""
-    key = (device, dtype)
-    buf = _workspace.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(numel, dtype=dtype, device=device)
-        _workspace[key] = buf
-    return buf[:numel]
-
-
-def release_workspace() -> None:
-    """Free the scratch buffers (they are re-created when needed)."""
-    _workspace.clear()
+# ------------------------------------------------------------------ dispatch ----
+#: engine names :func:`execute` accepts
+ENGINES = ("auto", "reference", "pipelined", "step_by_step")
 
 
 def execute(
@@ -201,13 +220,22 @@ def execute(
     group=None,
     out: Chunks | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    engine: str = "auto",
+    workspace: Workspace | None = None,
 ) -> None:
     """Play ``schedule`` on this rank: send, receive and reduce chunks in place.
 
     ``buffer`` holds the chunks this rank sends from (and, for in-place
     schedules, receives into); ``out`` is the receive side of out-of-place
-    schedules (all-to-all).
+    schedules (all-to-all). ``engine``: ``"reference"`` (:func:`run_steps`),
+    ``"pipelined"`` (gloo's default), ``"step_by_step"`` (NCCL's: one batched
+    call per step, segmented) or ``"auto"``. ``workspace`` holds the scratch the
+    pipelined engine lands reduced data in; by default one kept per process.
     """
+    from . import pipelined
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     rank, world_size = group_info(group)
     if schedule.world_size != world_size:
         raise ValueError(f"schedule is for {schedule.world_size} ranks, group has {world_size}")
@@ -215,163 +243,29 @@ def execute(
     sample = next((p for p in buffer.pieces if p.numel()), None)
     if sample is None:
         return
+    if engine == "reference":
+        run_steps(schedule, buffer, op=op, group=group, out=out)
+        return
     segment_elems = max(1, segment_bytes // sample.element_size())
-    ops = _segment_ops(schedule, rank, buffer, out, group, segment_elems)
-    if dist.get_backend(group) == "nccl" or schedule.n_steps >= _MAX_PIPELINED_STEPS:
-        _run_step_by_step(ops, op, group)
+    messages = pipelined.segment_messages(schedule, rank, buffer, out, group, segment_elems)
+    if engine == "auto":
+        nccl = dist.get_backend(group) == "nccl"
+        too_long = schedule.n_steps >= pipelined.MAX_PIPELINED_STEPS
+        engine = "step_by_step" if nccl or too_long else "pipelined"
+    if engine == "step_by_step":
+        pipelined.run_step_by_step(messages, op, group)
     else:
-        _run_pipelined(ops, op, group, sample)
+        pipelined.run_pipelined(messages, op, group, sample, workspace or _default_workspace())
 
 
-# ---------------------------------------------------- from steps to messages ----
-_MAX_PIPELINED_STEPS = 512  # tags must fit in 31 bits: step << 22 | transfer << 12 | segment
+def _default_workspace() -> Workspace:
+    """The process's scratch buffers, made on first use (see :class:`pipelined.Workspace`)."""
+    from .pipelined import Workspace
+
+    global _WORKSPACE
+    if _WORKSPACE is None:
+        _WORKSPACE = Workspace()
+    return _WORKSPACE
 
 
-@dataclass
-class _Message:
-    """One segment this rank sends or receives, and what must finish before it."""
-
-    kind: str  # "send" or "recv"
-    step: int
-    peer: int
-    tag: int
-    tensor: torch.Tensor  # what is sent, or where the data finally goes
-    region: tuple  # (side, piece, start, stop): which elements it reads/writes
-    reduce: bool = False
-    after: list = field(default_factory=list)  # messages that must be complete first
-    landing: torch.Tensor | None = None  # scratch a reduced segment arrives in
-    work: object = None
-    done: bool = False
-
-
-def _segment_ops(schedule, rank, buffer, out, group, segment_elems) -> list[_Message]:
-    """Cut this rank's part of the schedule into segment messages, in step order,
-    and record the data dependencies between them:
-
-    * a send waits for the receives that wrote the data it sends (read after write);
-    * a receive writes only after earlier sends of that region have finished
-      (write after read) and earlier writes have landed (write after write).
-    """
-    messages: list[_Message] = []
-    for step_index, step in enumerate(schedule.steps):
-        for t_index, t in enumerate(step):
-            if t.src == rank and t.dst == rank:  # all-to-all keeps its own block
-                for dst, src in zip(out.region(t.landing), buffer.region(t.chunks)):
-                    dst.copy_(src)
-                continue
-            if rank not in (t.src, t.dst):
-                continue
-            sending = t.src == rank
-            chunks = buffer if sending else out
-            ids = t.chunks if sending else t.landing
-            side = "out" if (not sending and out is not buffer) else "in"
-            for piece_index, tensor in enumerate(chunks.region(ids)):
-                origin = _origin(chunks, ids, piece_index)
-                for seg_index, (offset, seg) in enumerate(_offsets(tensor, segment_elems)):
-                    if not seg.numel():
-                        continue
-                    tag = (step_index << 22) | (t_index << 12) | (seg_index & 0xFFF)
-                    region = (side, origin[0], origin[1] + offset, origin[1] + offset + seg.numel())
-                    peer = global_rank(group, t.dst if sending else t.src)
-                    kind = "send" if sending else "recv"
-                    messages.append(
-                        _Message(kind, step_index, peer, tag, seg, region, t.reduce and not sending)
-                    )
-                    if sending:
-                        _record(schedule, seg.numel() * seg.element_size())
-    for i, m in enumerate(messages):
-        for earlier in messages[:i]:
-            if earlier.step == m.step or not _overlap(earlier.region, m.region):
-                continue
-            if m.kind == "send" and earlier.kind == "recv" or m.kind == "recv":
-                m.after.append(earlier)
-    return messages
-
-
-def _origin(chunks: Chunks, ids, piece_index: int) -> tuple[int, int]:
-    """(piece, offset) of a region's start, so regions can be compared."""
-    if chunks.flat is not None:
-        return 0, chunks.bounds[ids[0]][0]
-    return ids[piece_index], 0
-
-
-def _offsets(t: torch.Tensor, segment_elems: int):
-    for offset in range(0, max(t.numel(), 1), segment_elems):
-        yield offset, t[offset : offset + segment_elems]
-
-
-def _overlap(a: tuple, b: tuple) -> bool:
-    return a[0] == b[0] and a[1] == b[1] and a[2] < b[3] and b[2] < a[3]
-
-
-# ------------------------------------------------------------- two engines ----
-def _complete(m: _Message) -> bool:
-    if not m.done and m.work is not None and m.kind == "send" and m.work.is_completed():
-        m.work.wait()
-        m.done = True
-    return m.done
-
-
-def _run_pipelined(messages: list[_Message], op: str, group, sample: torch.Tensor) -> None:
-    """Post every message as soon as its dependencies allow, across step boundaries.
-
-    Reduced data first lands in scratch (posted at once: no dependencies) and
-    is added into place when its turn comes. We always *wait* for the first
-    unfinished message in step order, so progress is exactly as safe as
-    playing the steps one by one; posting early only adds overlap: step
-    ``s + 1`` sends the first segment step ``s`` finished while the rest of
-    step ``s`` is still arriving (a pipelined ring, as in NCCL and gloo).
-    """
-    scratch_elems = sum(m.tensor.numel() for m in messages if m.kind == "recv" and m.reduce)
-    scratch = workspace(scratch_elems, sample.dtype, sample.device) if scratch_elems else None
-    used = 0
-    for m in messages:
-        if m.kind == "recv" and m.reduce:
-            m.landing = scratch[used : used + m.tensor.numel()]
-            used += m.tensor.numel()
-            m.work = dist.irecv(m.landing, m.peer, group, m.tag)
-    unposted = [m for m in messages if m.work is None]
-    for m in messages:
-        unposted = _post_ready(unposted, group)
-        m.work.wait()  # m's dependencies come earlier in step order: all done by now
-        if m.kind == "recv" and m.reduce:
-            combine_(m.tensor, m.landing, op)  # overlaps with messages still on the wire
-        m.done = True
-
-
-def _post_ready(unposted: list[_Message], group) -> list[_Message]:
-    """Post, in order, every message whose dependencies have finished; return the rest."""
-    still = []
-    for m in unposted:
-        if all(_complete(d) for d in m.after):
-            post = dist.isend if m.kind == "send" else dist.irecv
-            m.work = post(m.tensor, m.peer, group, m.tag)
-        else:
-            still.append(m)
-    return still
-
-
-def _run_step_by_step(messages: list[_Message], op: str, group) -> None:
-    """One batch per step, waiting for all of it (NCCL, which runs a batch as one group call)."""
-    for step in sorted({m.step for m in messages}):
-        batch = [m for m in messages if m.step == step]
-        p2p = []
-        for m in batch:
-            if m.kind == "recv" and m.reduce:
-                m.landing = torch.empty_like(m.tensor)
-                p2p.append(dist.P2POp(dist.irecv, m.landing, m.peer, group, m.tag))
-            else:
-                p2p.append(
-                    dist.P2POp(
-                        dist.isend if m.kind == "send" else dist.irecv,
-                        m.tensor,
-                        m.peer,
-                        group,
-                        m.tag,
-                    )
-                )
-        for work in dist.batch_isend_irecv(p2p):
-            work.wait()
-        for m in batch:
-            if m.kind == "recv" and m.reduce:
-                combine_(m.tensor, m.landing, op)
+_WORKSPACE: Workspace | None = None

@@ -40,6 +40,8 @@ import torch.distributed as dist
 
 from distlab.collectives import ALL_REDUCE, ring_all_gather, ring_reduce_scatter, tree_broadcast
 
+#: "builtin" plus the one-level all-reduces of the algorithm registry
+#: (:data:`distlab.collectives.registry.REGISTRY`, through :data:`distlab.collectives.ALL_REDUCE`)
 ALGORITHMS = ("builtin", *ALL_REDUCE)
 
 

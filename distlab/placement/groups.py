@@ -110,6 +110,23 @@ def rank_groups(
     return groups
 
 
+def group_array(
+    world_size: int, dimension: str, *, order: str = DEFAULT_ORDER, **degrees: int
+) -> np.ndarray:
+    """One dense dimension's groups (``"tp"``, ``"cp"``, ``"dp"`` or ``"pp"``) as an
+    ``(n_groups, size)`` array: ``rank_groups(world_size, **degrees)[dimension]`` without
+    building every list (the planner asks for thousands of layouts of up to 16,384 ranks).
+    ``degrees`` are ``tp``, ``pp``, ``dp`` and ``cp`` (default 1 each)."""
+    if dimension not in ("tp", "cp", "dp", "pp"):
+        raise ValueError(f"dimension must be one of tp, cp, dp, pp, got {dimension!r}")
+    unknown = set(degrees) - {"tp", "pp", "dp", "cp"}
+    if unknown:
+        raise ValueError(f"unknown degrees {sorted(unknown)}; allowed: tp, pp, dp, cp")
+    dense = {"tp": 1, "cp": 1, "ep": 1, "dp": 1, "pp": 1, **degrees}
+    check_degrees(world_size, **dense)
+    return grid_groups(parse_order(order), dense, [dimension])
+
+
 def masked_groups(names: list[str], sizes: dict[str, int], members: list[str]) -> list[list[int]]:
     """The groups spanned by the dimensions ``members`` of the grid ``sizes`` laid out in ``names``.
 

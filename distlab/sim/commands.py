@@ -15,9 +15,10 @@ import argparse
 import json
 import sys
 
+from distlab.calc.units import format_size, size_range
+
 from .algorithms import algorithm_name, build_schedule
 from .replay import SimResult, simulate
-from .sizes import format_bytes, size_range
 from .topology import PRESETS, ClusterSpec, load_cluster, preset
 
 
@@ -41,7 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
     p.add_argument("--world-size", type=int, help="ranks (default: every GPU of the cluster)")
     p.add_argument(
-        "--sizes", default="4KiB:1GiB", help="lo:hi (doubling) or a comma list, e.g. 4KiB:1GiB"
+        "--sizes",
+        default="4KiB:1GiB",
+        help="lo:hi (doubling, ends at hi), lo:hi:factor or a comma list, e.g. 4KiB:1GiB",
     )
     p.add_argument(
         "--factor", type=int, default=2, help="size multiplier in a lo:hi range (default 2)"
@@ -130,7 +133,7 @@ def _print_tables(records: list[dict], cluster: ClusterSpec, world_size: int) ->
             table.add_column(column, justify="left" if column == "limited by" else "right")
         for r in rows:
             table.add_row(
-                format_bytes(r["bytes"]),
+                format_size(r["bytes"]),
                 str(r["count"]),
                 f"{r['time_s'] * 1e6:.2f}",
                 f"{r['algbw_GBps']:.2f}",

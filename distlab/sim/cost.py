@@ -22,7 +22,6 @@ two-level topologies.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .topology import Link
@@ -293,28 +292,21 @@ def hierarchical_all_reduce_cost(
 
 # ---- lookup -------------------------------------------------------------------
 
-CLOSED_FORMS: dict[str, Callable[[int], AlphaBetaCost]] = {
-    "ring_reduce_scatter": ring_reduce_scatter_cost,
-    "ring_all_gather": ring_all_gather_cost,
-    "ring_all_reduce": ring_all_reduce_cost,
-    "tree_reduce": tree_reduce_cost,
-    "tree_broadcast": tree_broadcast_cost,
-    "tree_all_reduce": tree_all_reduce_cost,
-    "double_binary_tree_all_reduce": double_binary_tree_all_reduce_cost,
-    "halving_doubling_all_reduce": halving_doubling_all_reduce_cost,
-    "naive_all_reduce": naive_all_reduce_cost,
-    "all_to_all": all_to_all_cost,
-}
-
 
 def closed_form(algorithm: str, n: int) -> AlphaBetaCost:
     """The closed-form cost of ``algorithm`` (a name such as ``"ring_all_reduce"``) on ``n`` ranks.
 
-    Single-level algorithms only; see :func:`hierarchical_all_reduce_cost` for two levels.
+    Read from the algorithm registry (:data:`distlab.collectives.registry.REGISTRY`, whose
+    entries point at the functions above). Single-level algorithms only; see
+    :func:`hierarchical_all_reduce_cost` for two levels.
     """
-    if algorithm not in CLOSED_FORMS:
-        raise ValueError(f"no closed form for {algorithm!r}; known: {sorted(CLOSED_FORMS)}")
-    return CLOSED_FORMS[algorithm](n)
+    from distlab.collectives.registry import REGISTRY  # the registry imports this module
+
+    entry = REGISTRY.get(algorithm)
+    if entry is None or entry.cost is None:
+        known = sorted(name for name, a in REGISTRY.items() if a.cost is not None)
+        raise ValueError(f"no closed form for {algorithm!r}; known: {known}")
+    return entry.cost(n)
 
 
 def _check_n(n: int) -> None:

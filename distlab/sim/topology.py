@@ -36,6 +36,7 @@ they are model parameters, not measurements, and can be fitted
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -247,6 +248,56 @@ class ClusterSpec:
         return Route("pcie-far", far.alpha, (ends[0], cross, ends[1]))
 
 
+def group_link(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> Link | None:
+    """The link the slowest of ``groups`` communicates over; ``None`` for groups of one rank.
+
+    ``groups`` are process groups of equal size, each listing its ranks in increasing order
+    (as :func:`distlab.placement.groups.rank_groups` returns them); rank ``r`` runs on GPU
+    ``r``. The same paths as :meth:`ClusterSpec.route`, seen from a whole group:
+
+    * every group inside one NVLink domain (node): the intra-node link; a shared bus is
+      divided among the group's ``size`` ranks; on a PCIe box a group that spans two PCIe
+      switches uses the slower ``far_intra`` path;
+    * some group crossing domains: the network, each GPU getting its share of the node's
+      NICs (:func:`network_link`).
+
+    Domain, node and switch indices grow with the rank, so a group stays in one of them
+    when its first and last ranks do: each group costs O(1).
+    """
+    size = len(groups[0]) if len(groups) else 1
+    if size == 1:
+        return None
+    if _straddles(groups, cluster.nvlink_domain_gpus):
+        return network_link(cluster)
+    intra = cluster.intra
+    if cluster.intra_kind == "bus":
+        return Link(f"{intra.name} shared by {size}", intra.alpha, intra.bandwidth / size)
+    per_switch = cluster.gpus_per_pcie_switch
+    if cluster.intra_kind == "pcie" and per_switch and _straddles(groups, per_switch):
+        return cluster.far_intra
+    return intra
+
+
+def _straddles(groups, unit: int) -> bool:
+    """True when some group's first and last ranks lie in different blocks of ``unit`` ranks.
+
+    Also takes a numpy ``(n_groups, size)`` array (:func:`distlab.placement.groups.group_array`)
+    and then compares whole columns at once."""
+    if hasattr(groups, "shape"):
+        return bool((groups[:, 0] // unit != groups[:, -1] // unit).any())
+    return any(g[0] // unit != g[-1] // unit for g in groups)
+
+
+def network_link(cluster: ClusterSpec) -> Link:
+    """The inter-node link as one GPU sees it: ``nics_per_node / gpus_per_node`` of a NIC
+    when GPUs share NICs, the whole link otherwise."""
+    inter = cluster.inter
+    share = cluster.nics_per_node / cluster.gpus_per_node
+    if share >= 1:
+        return inter
+    return Link(f"{inter.name} ({share:g} NIC per GPU)", inter.alpha, inter.bandwidth * share)
+
+
 def _link(d: dict | Link) -> Link:
     return d if isinstance(d, Link) else Link(**d)
 
@@ -271,15 +322,21 @@ def cluster_from_dict(spec: dict) -> ClusterSpec:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    """Read a cluster spec from a .json or .yaml/.yml file."""
+    """Read a cluster spec from a .json or .yaml/.yml file.
+
+    A file that cannot be read raises ``ValueError`` naming it.
+    """
     path = Path(path)
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read cluster file {str(path)!r}: {exc.strerror}") from None
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
         data = yaml.safe_load(text)
     else:
-        data = json.loads(text)
+        data = json.loads(text)  # a malformed file raises json.JSONDecodeError, a ValueError
     return cluster_from_dict(data)
 
 

@@ -30,27 +30,16 @@ from collections import Counter
 from collections.abc import Sequence
 
 import matplotlib
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from distlab.collectives.all_to_all import all_to_all_schedule
-from distlab.collectives.ring import (
-    ring_all_gather_schedule,
-    ring_all_reduce_schedule,
-    ring_reduce_scatter_schedule,
-)
+from distlab.collectives import registry
 from distlab.collectives.schedule import Schedule, trace
-from distlab.collectives.tree import tree_broadcast_schedule, tree_reduce_schedule
 
-#: The collective each picture uses, and the schedule that produces its end state.
+#: The collective each picture uses, and the schedule that produces its end state: the
+#: registry's first algorithm for it (ring, tree for broadcast and reduce, pairwise all-to-all).
 COLLECTIVES = {
-    "all_reduce": ring_all_reduce_schedule,
-    "reduce_scatter": ring_reduce_scatter_schedule,
-    "all_gather": ring_all_gather_schedule,
-    "broadcast": tree_broadcast_schedule,
-    "reduce": tree_reduce_schedule,
-    "all_to_all": all_to_all_schedule,
+    c: registry.lookup(registry.algorithms_for(c)[0], c).builder for c in registry.collectives()
 }
 
 TITLES = {
@@ -69,11 +58,10 @@ Grid = list[list[Counter]]
 
 
 def _subplots(rows: int, columns: int, figsize: tuple[float, float]):
-    """A closed pyplot figure: it shows once, as the value of a notebook cell or via
-    ``display``, and is not shown a second time by the inline backend at the end of the cell."""
-    fig, axes = plt.subplots(rows, columns, figsize=figsize, squeeze=False)
-    plt.close(fig)
-    return fig, axes
+    """A :class:`Figure` made without pyplot (the idiom of every ``distlab.viz`` module): it
+    shows once, as the value of a notebook cell or via ``display``."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(rows, columns, squeeze=False)
 
 
 def _check_world_size(world_size: int) -> None:
@@ -308,7 +296,7 @@ def schedule_player(schedule: Schedule, static: bool | None = None):
 def ring_all_reduce_player(world_size: int = 4, static: bool | None = None):
     """Step through a ring all-reduce: n-1 reduce-scatter steps, then n-1 all-gather steps."""
     _check_world_size(world_size)
-    return schedule_player(ring_all_reduce_schedule(world_size), static)
+    return schedule_player(COLLECTIVES["all_reduce"](world_size), static)
 
 
 def _player_class():

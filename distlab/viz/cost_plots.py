@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
+from distlab.calc.units import format_size
 from distlab.sim.cost import closed_form
-from distlab.sim.sizes import format_bytes
 from distlab.sim.topology import PRESETS, ClusterSpec, Link
 
 GB = 1e9
@@ -98,7 +98,7 @@ def plot_cost_breakdown(
             )
         short = [name.replace("_all_reduce", "").replace("_", " ") for name in algorithms]
         ax.set_xticks(range(len(algorithms)), short, rotation=20, fontsize=8)
-        ax.set_title(f"N = {format_bytes(size)}", fontsize=10)
+        ax.set_title(f"N = {format_size(size)}", fontsize=10)
         ax.set_ylabel("time (us)")
     axes[0].legend(frameon=False, fontsize=8)
     fig.suptitle(f"All-reduce on {n} ranks, {link.name}", fontsize=10)
@@ -125,7 +125,7 @@ def plot_bench(records: Sequence[Mapping]) -> Figure:
         xs = [i + (j - (len(algorithms) - 1) / 2) * width for i in range(len(sizes))]
         ys = [times.get((algorithm, size), float("nan")) * 1e3 for size in sizes]
         ax.bar(xs, ys, width=width, label=algorithm)
-    ax.set_xticks(range(len(sizes)), [format_bytes(s) for s in sizes])
+    ax.set_xticks(range(len(sizes)), [format_size(s) for s in sizes])
     ax.set_yscale("log")
     ax.set_ylabel("time per call (ms, log scale)")
     ax.set_title(f"measured {collective.replace('_', '-')} on {world_size} ranks")

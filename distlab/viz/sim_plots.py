@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from distlab.calc.units import format_size
 from distlab.sim.algorithms import build_schedule
 from distlab.sim.cost import closed_form
 from distlab.sim.crossover import crossover_size
 from distlab.sim.fit import Prediction
 from distlab.sim.replay import Topology, as_cluster, simulate
-from distlab.sim.sizes import format_bytes
 from distlab.sim.topology import Link
 
 DEFAULT_SIZES = tuple(2**k for k in range(10, 31))  # 1 KiB .. 1 GiB
@@ -61,7 +61,7 @@ def plot_time_vs_size(
         if 0 < at < math.inf:
             ax.axvline(at, color="grey", linestyle="--", linewidth=1)
             ax.annotate(
-                f"crossover\n{format_bytes(at)}",
+                f"crossover\n{format_size(at)}",
                 xy=(at, 0.5),
                 xycoords=("data", "axes fraction"),
                 xytext=(6, 0),
@@ -70,7 +70,7 @@ def plot_time_vs_size(
             )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_bytes(x)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(x)))
     ax.set_xlabel("message size per rank")
     ax.set_ylabel("time (s)")
     where = topology.name if isinstance(topology, Link) else cluster.name
