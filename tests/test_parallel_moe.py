@@ -50,9 +50,7 @@ def _worker(rank, world_size):
             {
                 "y": layer(x).detach(),
                 "x_grad": x.grad,
-                "expert_grads": [
-                    [p.grad for p in expert.parameters()] for expert in layer.experts
-                ],
+                "expert_grads": [[p.grad for p in expert.parameters()] for expert in layer.experts],
                 "router_grad": layer.router.weight.grad,
                 "dropped": layer.routing.dropped,
                 "bytes_sent": traffic.bytes_sent,

@@ -136,7 +136,9 @@ class MoE(nn.Module):
         if top_k not in (1, 2):
             raise ValueError(f"top_k must be 1 or 2, got {top_k!r}")
         if not isinstance(num_experts, int) or num_experts < top_k:
-            raise ValueError(f"num_experts must be an integer >= top_k={top_k}, got {num_experts!r}")
+            raise ValueError(
+                f"num_experts must be an integer >= top_k={top_k}, got {num_experts!r}"
+            )
         self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
         expert_capacity(1, num_experts, top_k=top_k, capacity_factor=capacity_factor)  # checks
         with torch.random.fork_rng():
@@ -197,7 +199,8 @@ class ExpertParallelMoE(MoE):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.num_experts, layer.top_k = dense.num_experts, dense.top_k
-        layer.capacity_factor, layer.group, layer.algorithm = dense.capacity_factor, group, algorithm
+        layer.capacity_factor = dense.capacity_factor
+        layer.group, layer.algorithm = group, algorithm
         layer.ep, layer.ep_rank, layer.local_experts = ep, rank, dense.num_experts // ep
         first = rank * layer.local_experts
         layer.router = copy.deepcopy(dense.router)
