@@ -258,3 +258,36 @@ class AllToAll(torch.autograd.Function):
 def expert_load(routing: Routing) -> torch.Tensor:
     """Fraction of the batch's assignments routed to each expert (before dropping)."""
     return routing.routed.float() / routing.routed.sum()
+
+
+def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") -> None:
+    """Average gradients for data parallelism around expert-parallel layers (in place).
+
+    Every rank's loss is the mean over its own batch, and the job's loss the
+    mean over the ``dp * cp`` ranks. A replicated parameter's gradient is the
+    mean over the ``"dp-cp"`` group. An expert's gradient already sums the
+    contributions of the tokens of every rank in its ``"ep"`` group (they
+    came back through the all-to-all), so it is **summed** over the
+    ``"expert_dp"`` group and divided by ``dp * cp`` (not by the expert-dp size).
+    ``mesh``: a :class:`distlab.parallel.mesh.ParallelMesh`; ``algorithm`` as in
+    :class:`distlab.parallel.comm.Collectives`.
+    """
+    from .comm import Collectives
+
+    dense = Collectives(algorithm, group=mesh["dp-cp"])
+    expert = Collectives(algorithm, group=mesh["expert_dp"])
+    data_parallel = mesh.size("dp-cp")
+    expert_params = {
+        id(p)
+        for module in model.modules()
+        if isinstance(module, ExpertParallelMoE)
+        for p in module.experts.parameters()
+    }
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if id(p) in expert_params:
+            expert.all_reduce_sum_(p.grad)
+            p.grad.div_(data_parallel)
+        else:
+            dense.all_reduce_mean_(p.grad)
