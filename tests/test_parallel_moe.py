@@ -164,3 +164,19 @@ def _not_divisible(rank, world_size):
 def test_experts_not_divisible_by_ep_fails_every_rank():
     with pytest.raises(distlab.launch.RankError, match="num_experts=3 is not divisible by ep=2"):
         distlab.run(_not_divisible, world_size=2, show_output=False)
+
+
+def test_balancing_loss_evens_the_load():
+    from distlab.parallel.moe import load_balance_run
+    from distlab.viz.moe_plots import plot_expert_load
+
+    without = load_balance_run(aux_weight=0.0, steps=40)
+    balanced = load_balance_run(aux_weight=1.0, steps=40)
+    assert without[0].tolist() == balanced[0].tolist()  # same start
+    assert without[-5:].max(dim=1).values.min() > 0.9  # collapsed onto one expert
+    assert balanced[-5:].max(dim=1).values.max() < 0.45  # near 1/4 each
+    fig = plot_expert_load({"no aux loss": without, "aux loss x 1.0": balanced})
+    assert len(fig.axes) == 2
+    assert len(fig.axes[0].lines) == 4 + 1  # one line per expert and the uniform line
+    with pytest.raises(ValueError, match="steps, experts"):
+        plot_expert_load({"bad": torch.zeros(3)})

@@ -17,6 +17,8 @@ One idea per module, each short enough to read top to bottom:
 ``checkpoint``      full (rank 0) and sharded (DCP) checkpoints, resharding
 ``sync_batchnorm``  :class:`SyncBatchNorm` against per-rank BatchNorm
 ``memory``          measured bytes of parameters, gradients, optimizer state
+``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
+``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
@@ -34,7 +36,9 @@ from .ddp import BucketedDDP, NaiveDDP
 from .ddp_timing import time_ddp_variants
 from .fsdp import FSDP
 from .memory import MeasuredModelState, measure_model_state, storage_bytes
+from .mesh import MeshLayout, ParallelMesh, build_mesh
 from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer, autocast
+from .moe import ExpertParallelMoE, MoE, average_moe_gradients
 from .sync_batchnorm import SyncBatchNorm
 from .trace import BucketTimes, StepTrace
 from .zero import ZeroOptimizer
@@ -47,15 +51,21 @@ __all__ = [
     "Collectives",
     "CommThread",
     "DynamicLossScaler",
+    "ExpertParallelMoE",
     "MeasuredModelState",
+    "MeshLayout",
     "MixedPrecisionOptimizer",
+    "MoE",
     "NaiveDDP",
+    "ParallelMesh",
     "ShardSampler",
     "StepTrace",
     "SyncBatchNorm",
     "ZeroOptimizer",
     "accumulate_gradients",
     "autocast",
+    "average_moe_gradients",
+    "build_mesh",
     "gradient_scale_error",
     "load_full",
     "load_sharded",

@@ -291,3 +291,44 @@ def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") ->
             p.grad.div_(data_parallel)
         else:
             dense.all_reduce_mean_(p.grad)
+
+
+def load_balance_run(
+    *,
+    aux_weight: float,
+    steps: int = 60,
+    tokens: int = 64,
+    hidden: int = 16,
+    num_experts: int = 4,
+    top_k: int = 1,
+    capacity_factor: float = 2.0,
+    lr: float = 0.02,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Train a single-process :class:`MoE` on a regression task; return each step's load.
+
+    The model is ``x -> x + MoE(x)`` fit to a random teacher by Adam on the
+    loss ``mse + aux_weight * aux_loss``. The inputs share a common offset, so
+    the router starts out favouring some experts; without the balancing loss
+    those experts learn fastest and keep attracting tokens. Returns a
+    ``(steps, num_experts)`` tensor: the fraction of assignments routed to
+    each expert at each step (:func:`expert_load`).
+    """
+    if not isinstance(aux_weight, (int, float)) or aux_weight < 0:
+        raise ValueError(f"aux_weight must be a number >= 0, got {aux_weight!r}")
+    generator = torch.Generator().manual_seed(seed)
+    layer = MoE(hidden, 2 * hidden, num_experts, top_k=top_k,
+                capacity_factor=capacity_factor, seed=seed)  # fmt: skip
+    teacher = torch.randn(hidden, hidden, generator=generator) / hidden**0.5
+    offset = torch.randn(hidden, generator=generator)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=lr)
+    loads = []
+    for _ in range(steps):
+        x = torch.randn(tokens, hidden, generator=generator) + offset
+        target = torch.tanh(x @ teacher)
+        loss = F.mse_loss(x + layer(x), target) + aux_weight * layer.aux_loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loads.append(expert_load(layer.routing))
+    return torch.stack(loads)
