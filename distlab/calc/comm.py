@@ -365,6 +365,7 @@ def moe_all_to_all_comm(
     backward two more (their gradients, the same sizes in reverse; DeepSpeed-MoE,
     Rajbhandari et al. 2022, Section 5): 4 per layer, each sending
     ``(ep-1)/ep x num_experts x C x hidden x bytes_per_element`` bytes.
+    (A layer whose input needs no gradient skips the last one.)
     """
     k = positive_int("ep", ep)
     e = positive_int("num_experts", num_experts)
