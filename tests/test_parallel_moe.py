@@ -166,7 +166,16 @@ def test_experts_not_divisible_by_ep_fails_every_rank():
         distlab.run(_not_divisible, world_size=2, show_output=False)
 
 
-def test_balancing_loss_evens_the_load():
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: intra-op threads only fight over the cores (10x slower on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_balancing_loss_evens_the_load(one_thread):
     from distlab.parallel.moe import load_balance_run
     from distlab.viz.moe_plots import plot_expert_load
 
