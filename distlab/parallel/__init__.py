@@ -21,6 +21,8 @@ One idea per module, each short enough to read top to bottom:
 ``tensor``          Megatron tensor parallelism: f/g, column/row layers, GPT
 ``sequence``        sequence parallelism: all-gather / reduce-scatter regions
 ``context``         context parallelism: ring attention, zig-zag split
+``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
+``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
@@ -40,12 +42,14 @@ from .ddp import BucketedDDP, NaiveDDP
 from .ddp_timing import time_ddp_variants
 from .fsdp import FSDP
 from .memory import MeasuredModelState, measure_model_state, storage_bytes
+from .mesh import MeshLayout, ParallelMesh, build_mesh
 from .mixed_precision import (
     DynamicLossScaler,
     MixedPrecisionOptimizer,
     MixedPrecisionPolicy,
     autocast,
 )
+from .moe import ExpertParallelMoE, MoE, average_moe_gradients
 from .sync_batchnorm import SyncBatchNorm
 from .tensor import ParallelBlock, ParallelGPT, TensorParallelComm
 from .trace import BucketTimes, StepTrace
@@ -60,12 +64,16 @@ __all__ = [
     "CommThread",
     "ContextParallelBlock",
     "DynamicLossScaler",
+    "ExpertParallelMoE",
     "MeasuredModelState",
+    "MeshLayout",
     "MixedPrecisionOptimizer",
     "MixedPrecisionPolicy",
+    "MoE",
     "NaiveDDP",
     "ParallelBlock",
     "ParallelGPT",
+    "ParallelMesh",
     "Ring",
     "ShardSampler",
     "StepTrace",
@@ -74,6 +82,8 @@ __all__ = [
     "ZeroOptimizer",
     "accumulate_gradients",
     "autocast",
+    "average_moe_gradients",
+    "build_mesh",
     "gradient_scale_error",
     "load_full",
     "load_sharded",
