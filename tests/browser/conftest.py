@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 
 import pytest
-
 from jupyterlab_driver import CHROMIUM, JupyterLabServer, LabPage
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS_ENV_VAR = "DISTLAB_BROWSER_ARTIFACTS"
+
 
 def _missing_browser() -> str | None:
     try:

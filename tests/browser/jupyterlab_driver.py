@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 CHROMIUM = Path(os.environ.get("DISTLAB_CHROMIUM", "/usr/bin/chromium"))
 STARTUP_TIMEOUT_S = 120
@@ -97,7 +98,7 @@ class JupyterLabServer:
         tree = f"/tree/{path}" if path else ""
         return f"{self.url}/lab{tree}?token={self.token}"
 
-    def __enter__(self) -> JupyterLabServer:
+    def __enter__(self) -> Self:
         config = self.base / "jupyter_server_config.py"
         config.write_text(
             _SERVER_CONFIG.format(port=self.port, root=str(self.root), token=self.token)
@@ -121,7 +122,7 @@ class JupyterLabServer:
             if self._process.poll() is not None:
                 raise RuntimeError(f"jupyter lab exited early:\n{self.log()}")
             try:
-                with urllib.request.urlopen(status, timeout=2) as response:  # noqa: S310
+                with urllib.request.urlopen(status, timeout=2) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):

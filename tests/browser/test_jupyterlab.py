@@ -53,10 +53,13 @@ def test_run_all_course_notebook(lab: LabPage, lab_root: Path, name: str):
     not_run = [c.index for c in cells if c.source.strip() and c.execution_count is None]
     assert not not_run, f"cells {not_run} never ran"
     errors = [(c.index, e["ename"], e["evalue"]) for c in cells for e in c.errors]
-    assert all(ename == "NotImplementedError" for _, ename, _ in errors), errors
+    unexpected = [e for e in errors if e[1] != "NotImplementedError"]
+    assert not unexpected, "errors other than the unsolved exercises':\n" + "\n".join(
+        f"cell {index}: {ename}: {evalue}" for index, ename, evalue in unexpected
+    )
     stubs = [c.index for c in cells if "raise NotImplementedError" in c.source]
     assert bool(stubs) == bool(errors), f"stub cells {stubs}, errors {errors}"
-    assert stops == len({index for index, _, _ in errors}), (stops, errors)
+    assert stops <= len(errors), (stops, errors)
 
     for c in cells:
         assert c.images_drawn >= c.png_outputs, f"cell {c.index}: a figure was not drawn"
@@ -96,7 +99,9 @@ def test_flashcard_drill(lab: LabPage, lab_root: Path, flashcards_db: Path):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = KERNELSPEC  # without one, JupyterLab asks which kernel
     nb.cells = [
-        nbformat.v4.new_code_cell(f"import flashcards\nflashcards.drill(notebook={DRILL_NOTEBOOK!r})")
+        nbformat.v4.new_code_cell(
+            f"import flashcards\nflashcards.drill(notebook={DRILL_NOTEBOOK!r})"
+        )
     ]
     nbformat.write(nb, lab_root / "drill.ipynb")
     lab.open("drill.ipynb")
