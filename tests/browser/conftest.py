@@ -90,4 +90,6 @@ def lab(browser, server, artifacts):
     lab_page = LabPage(page, server, artifacts)
     lab_page.launch()
     yield lab_page
+    # a failed test leaves its kernel (and the kernel's worker processes) running
+    page.evaluate("async () => { await window.jupyterapp.serviceManager.sessions.shutdownAll(); }")
     context.close()

@@ -266,6 +266,16 @@ class LabPage:
         self.page.evaluate(_JS_WAIT_CELLS, cell_timeout_ms)
         return stops
 
+    def cell(self, index: int):
+        """The Playwright locator of cell ``index`` (counting every cell), scrolled into view
+        (JupyterLab renders notebooks windowed: a cell far off screen may not be drawn)."""
+        self.page.evaluate(
+            "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i]"
+            ".node.scrollIntoView({block: 'center'})",
+            index,
+        )
+        return self.page.locator(f'.jp-Notebook .jp-Cell[data-windowed-list-index="{index}"]')
+
     def report(self) -> list[CellReport]:
         return [CellReport(**cell) for cell in self.page.evaluate(_JS_REPORT)]
 

@@ -76,8 +76,7 @@ def check_player_slider_redraws(lab: LabPage, index: int) -> None:
     """Move the ring player's slider one step with the keyboard; its figure must change."""
     from playwright.sync_api import expect
 
-    cell = lab.page.locator(".jp-Notebook .jp-Cell").nth(index)
-    cell.scroll_into_view_if_needed()
+    cell = lab.cell(index)
     figure = cell.locator(".jupyter-widgets img").first
     expect(figure).to_be_visible(timeout=WIDGET_TIMEOUT_MS)
     before = figure.get_attribute("src")
