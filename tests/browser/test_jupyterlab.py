@@ -109,7 +109,7 @@ def test_flashcard_drill(lab: LabPage, lab_root: Path, flashcards_db: Path):
     card = lab.page.locator(".distlab-flashcards")
     expect(card).to_be_visible(timeout=WIDGET_TIMEOUT_MS)
     question = card.locator(".widget-htmlmath").first
-    first_question = question.inner_text()
+    first_question = question.text_content()
     assert DRILL_NOTEBOOK in first_question
     lab.screenshot("drill-1-question", card)
 
