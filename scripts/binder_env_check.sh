@@ -2,7 +2,8 @@
 # Build the Binder environment from binder/ in a fresh virtual environment and run
 # notebook 00 in it, as a stand-in for repo2docker (which cannot run here).
 #
-#     bash scripts/binder_env_check.sh            # about 3-6 minutes: downloads every package
+#     BINDER_TORCH=local bash scripts/binder_env_check.sh   # slow: downloads every package
+#     (17 min measured on a shared, heavily loaded 2-core machine; mostly pip)
 #
 # Python: the version binder/runtime.txt names (python3.X must be on PATH, or set PYTHON).
 # PyTorch: Binder installs binder/requirements.txt (the CPU wheel index). Where that index is
