@@ -96,7 +96,7 @@ class JupyterLabServer:
 
     def lab_url(self, path: str = "") -> str:
         tree = f"/tree/{path}" if path else ""
-        return f"{self.url}/lab{tree}?token={self.token}"
+        return f"{self.url}/lab{tree}?reset&token={self.token}"  # reset: no restored tabs
 
     def __enter__(self) -> Self:
         config = self.base / "jupyter_server_config.py"
@@ -162,10 +162,7 @@ _JS_OPEN = """async (path) => {
   return panel.id;
 }"""
 
-_JS_RUN = """async (command) => {
-  const panel = window.jupyterapp.shell.currentWidget;
-  return await window.jupyterapp.commands.execute(command);
-}"""
+_JS_RUN = "async (command) => await window.jupyterapp.commands.execute(command)"
 
 # After Run All stops at a cell's error: the index of the first code cell that did not run.
 _JS_FIRST_NOT_RUN = """() => {
@@ -178,7 +175,8 @@ _JS_FIRST_NOT_RUN = """() => {
   return -1;
 }"""
 
-_JS_SELECT = """(index) => {
+_JS_SELECT = """([id, index]) => {
+  window.jupyterapp.shell.activateById(id);
   const nb = window.jupyterapp.shell.currentWidget.content;
   nb.activeCellIndex = index;
   nb.deselectAll();
@@ -243,6 +241,7 @@ class LabPage:
 
     def __init__(self, page, server: JupyterLabServer, artifacts: Path) -> None:
         self.page, self.server, self.artifacts = page, server, artifacts
+        self.panel_id = ""
 
     def launch(self) -> None:
         self.page.goto(self.server.lab_url())
@@ -250,7 +249,7 @@ class LabPage:
         self.page.evaluate("async () => { await window.jupyterapp.restored; }")
 
     def open(self, path: str) -> None:
-        self.page.evaluate(_JS_OPEN, path)
+        self.panel_id = self.page.evaluate(_JS_OPEN, path)
 
     def run_all(self, cell_timeout_ms: int = 120_000) -> int:
         """Run All; where it stops at an error, go on from the next cell (as a learner
@@ -259,10 +258,11 @@ class LabPage:
         self.page.evaluate(_JS_RUN, "notebook:run-all-cells")
         while (index := self.page.evaluate(_JS_FIRST_NOT_RUN)) >= 0:
             stops += 1
-            self.page.evaluate(_JS_SELECT, index)
+            self.page.evaluate(_JS_SELECT, [self.panel_id, index])
             self.page.evaluate(_JS_RUN, "notebook:run-all-below")
             if self.page.evaluate(_JS_FIRST_NOT_RUN) == index:
-                raise AssertionError(f"cell {index} does not run: {self.report()[index]}")
+                cell = next(c for c in self.report() if c.index == index)
+                raise AssertionError(f"cell {index} does not run: {cell}")
         self.page.evaluate(_JS_WAIT_CELLS, cell_timeout_ms)
         return stops
 
@@ -274,7 +274,7 @@ class LabPage:
             ".node.scrollIntoView({block: 'center'})",
             index,
         )
-        return self.page.locator(f'.jp-Notebook .jp-Cell[data-windowed-list-index="{index}"]')
+        return self.page.locator(f'#{self.panel_id} .jp-Cell[data-windowed-list-index="{index}"]')
 
     def report(self) -> list[CellReport]:
         return [CellReport(**cell) for cell in self.page.evaluate(_JS_REPORT)]

@@ -65,7 +65,6 @@ def test_run_all_course_notebook(lab: LabPage, lab_root: Path, name: str):
         assert c.images_drawn >= c.png_outputs, f"cell {c.index}: a figure was not drawn"
         assert c.widgets_drawn >= c.widget_outputs, f"cell {c.index}: a widget was not drawn"
         assert not c.widget_errors, f"cell {c.index}: {c.widget_errors}"
-    assert sum(c.png_outputs + c.widget_outputs for c in cells) > 0, "no figure at all"
 
     if any(PLAYER_CALL in c.source for c in cells):
         check_player_slider_redraws(lab, next(c.index for c in cells if PLAYER_CALL in c.source))
