@@ -9,6 +9,7 @@ default the two that CI runs, 00-launching and 02-collectives (the one with the 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -53,7 +54,7 @@ def test_run_all_course_notebook(lab: LabPage, lab_root: Path, name: str):
     not_run = [c.index for c in cells if c.source.strip() and c.execution_count is None]
     assert not not_run, f"cells {not_run} never ran"
     errors = [(c.index, e["ename"], e["evalue"]) for c in cells for e in c.errors]
-    unexpected = [e for e in errors if e[1] != "NotImplementedError"]
+    unexpected = [e for e in errors if not unsolved_exercise(e[1], e[2])]
     assert not unexpected, "errors other than the unsolved exercises':\n" + "\n".join(
         f"cell {index}: {ename}: {evalue}" for index, ename, evalue in unexpected
     )
@@ -69,6 +70,14 @@ def test_run_all_course_notebook(lab: LabPage, lab_root: Path, name: str):
     if any(PLAYER_CALL in c.source for c in cells):
         check_player_slider_redraws(lab, next(c.index for c in cells if PLAYER_CALL in c.source))
     lab.close_and_shutdown()
+
+
+def unsolved_exercise(ename: str, evalue: str) -> bool:
+    """A stub's NotImplementedError, raised in the kernel or on a rank (``distlab.run``
+    reports the first rank that failed)."""
+    if ename == "NotImplementedError":
+        return True
+    return ename == "RankError" and re.match(r"rank \d+ failed with NotImplementedError;", evalue)
 
 
 def check_player_slider_redraws(lab: LabPage, index: int) -> None:
