@@ -3,6 +3,7 @@
     python benchmarks/course_runtime.py                  # every solutions/ notebook
     python benchmarks/course_runtime.py --released       # the course/ notebooks (stubs fail fast)
     python benchmarks/course_runtime.py --cores 1 00-launching   # as on a 1-core Binder
+    python benchmarks/course_runtime.py --binder         # Binder's limits; exit 1 if over
 
 Each notebook runs top to bottom in a fresh kernel (``nbclient``). A sampler
 thread adds up the memory (PSS, so shared libraries count once) of every
@@ -10,6 +11,11 @@ process this script started, the kernel and the worker processes
 ``distlab.run`` spawns from it, every 0.1 s, and keeps the peak. The bars from the course issue: under 90 s per
 notebook on 2 cores, all processes together under 2 GB (what Binder offers).
 ``--cores N`` pins this script and so everything it starts to N CPUs.
+
+``--binder``: mybinder.org's limits, 1 CPU and 2 GB for all processes together. Every
+solution notebook runs pinned to one core (kernel and ranks share it), the table reports
+time and peak memory, and the exit status is 1 if a notebook goes over the bars (peak
+memory is measured, not enforced: the sampler sees what a 2 GB limit would kill).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Self
 
 import nbformat
 import psutil
+from _progress import progress_bar
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +108,16 @@ def main() -> int:
     parser.add_argument("--released", action="store_true", help="run course/ instead of solutions/")
     parser.add_argument("--cores", type=int, help="pin to this many CPUs (children inherit it)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    # -- Binder limits mode (issue 18) --------------------------------------------------------
+    parser.add_argument(
+        "--binder", action="store_true", help="1 core, solutions/, exit 1 over the bars"
+    )
     args = parser.parse_args()
+    if args.binder:
+        if args.released or args.cores not in (None, 1):
+            parser.error("--binder runs solutions/ on 1 core; drop --released/--cores")
+        args.cores = 1
+    # -- end of Binder limits mode --------------------------------------------------------------
     if args.cores is not None:
         available = sorted(os.sched_getaffinity(0))
         if not 1 <= args.cores <= len(available):
@@ -116,8 +132,11 @@ def main() -> int:
     )
     print(f"{'notebook':<24} {'time s':>8} {'peak MB':>9} {'cells':>6} {'errors':>7}  bars")
     runs = []
-    for name in names:
-        for path in sorted((folder / name).glob("*.ipynb")):
+    paths = [path for name in names for path in sorted((folder / name).glob("*.ipynb"))]
+    with progress_bar() as bar:
+        task = bar.add_task("notebooks", total=len(paths))
+        for path in paths:
+            bar.update(task, description=path.stem)
             run = run_notebook(path, args.timeout)
             runs.append(run)
             ok = run.seconds < TIME_BAR_S and run.peak_bytes < MEMORY_BAR_BYTES
@@ -126,9 +145,18 @@ def main() -> int:
                 f"{run.errors:7d}  {'ok' if ok else 'OVER'}",
                 flush=True,
             )
+            bar.advance(task)
     total = sum(r.seconds for r in runs)
     peak = max((r.peak_bytes for r in runs), default=0)
     print(f"{'total':<24} {total:8.1f} {peak / 1e6:9.0f}")
+    if args.binder:  # Binder limits mode: the bars decide the exit status
+        over = [
+            r.name
+            for r in runs
+            if r.errors or r.seconds >= TIME_BAR_S or r.peak_bytes >= MEMORY_BAR_BYTES
+        ]
+        print("Binder limits: " + (f"errors or OVER in {', '.join(over)}" if over else "all fit"))
+        return 1 if over else 0
     return 0
 
 

@@ -22,6 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from _progress import progress_bar
+
 from distlab.calc.units import format_size
 from distlab.sim.fit import compare, fit_alpha_beta, load_records, record_model, select
 
@@ -37,27 +39,31 @@ def measure(args: argparse.Namespace) -> list[dict]:
     from distlab.collectives.bench import run_bench
 
     records: list[dict] = []
-    for collective in args.collectives.split(","):
-        for n in [int(w) for w in args.world_sizes.split(",")]:
-            best: dict[tuple, dict] = {}
-            for attempt in range(args.repeat):
-                print(
-                    f"measuring {collective} on {n} ranks, run {attempt + 1}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                for r in run_bench(
-                    world_sizes=[n],
-                    collectives=[collective],
-                    sizes=size_range(args.sizes),
-                    iters=args.iters,
-                ):
-                    key = (r["algorithm"], r["bytes"])
-                    if key not in best or r["time_s"] < best[key]["time_s"]:
-                        best[key] = r
-            records += best.values()
-            if args.save:
-                Path(args.save).write_text(json.dumps(records, indent=1))
+    collectives = args.collectives.split(",")
+    world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    with progress_bar() as bar:
+        task = bar.add_task("bench", total=len(collectives) * len(world_sizes) * args.repeat)
+        for collective in collectives:
+            for n in world_sizes:
+                best: dict[tuple, dict] = {}
+                for attempt in range(args.repeat):
+                    what = f"measuring {collective} on {n} ranks, run {attempt + 1}"
+                    bar.update(task, description=what)
+                    if bar.disable:  # no bar (not a terminal): say it in the log instead
+                        print(what, file=sys.stderr, flush=True)
+                    for r in run_bench(
+                        world_sizes=[n],
+                        collectives=[collective],
+                        sizes=size_range(args.sizes),
+                        iters=args.iters,
+                    ):
+                        key = (r["algorithm"], r["bytes"])
+                        if key not in best or r["time_s"] < best[key]["time_s"]:
+                            best[key] = r
+                    bar.advance(task)
+                records += best.values()
+                if args.save:
+                    Path(args.save).write_text(json.dumps(records, indent=1))
     return records
 
 
