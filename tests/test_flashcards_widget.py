@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -159,3 +160,45 @@ def test_drill_entry_point_is_lazy_and_uses_the_env_store(tmp_path, monkeypatch)
     assert w.session.store.path == tmp_path / "env.db"
     with pytest.raises(AttributeError):
         flashcards.not_a_name  # noqa: B018
+
+
+def click_on_another_thread(button) -> None:
+    """Click as JupyterLab 4 with ipykernel 7 does (comms over subshells): from a thread
+    that is not the one that built the widget and its store."""
+    errors = []
+
+    def click():
+        try:
+            button.click()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=click)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def test_buttons_work_from_another_thread(widget):
+    first = widget.session.current
+    click_on_another_thread(widget.show_button)
+    click_on_another_thread(widget.rating_buttons[Rating.Good])
+    assert widget.message.value == ""  # no error shown
+    assert [r.card_id for r in widget.session.store.reviews()] == [first.card_id]
+    assert "reviewed today: 1" in widget.progress.value
+    click_on_another_thread(widget.undo_button)
+    assert widget.session.store.reviews() == []
+
+
+def test_an_error_in_a_callback_is_shown_in_the_widget(widget, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk is full")
+
+    widget.show_button.click()
+    monkeypatch.setattr(widget.session, "rate", broken)
+    widget.rating_buttons[Rating.Good].click()
+    assert "RuntimeError: disk is full" in widget.message.value
+    assert "went wrong" in widget.message.value
+    assert widget.session.store.reviews() == []
