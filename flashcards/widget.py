@@ -1,7 +1,7 @@
 """The JupyterLab drill: an ipywidgets card with "Show answer" and four rating buttons.
 
 >>> import flashcards
->>> flashcards.drill(notebook="02-collectives")   # the last expression in a cell shows it
+>>> flashcards.drill(up_to="02")   # the notebooks done so far; last in a cell, it shows
 
 Each rating button carries the interval FSRS would give (``Good · 3d``); the labels are
 the outcomes the session will apply, so what you click is what you get. Markdown and
@@ -210,6 +210,7 @@ def drill(
     tag: str | None = None,
     notebook: str | None = None,
     *,
+    up_to: str | int | None = None,
     new_per_day: int = NEW_PER_DAY,
     desired_retention: float = DEFAULT_RETENTION,
     db: Store | str | os.PathLike | None = None,
@@ -219,13 +220,15 @@ def drill(
     keyboard: bool = True,
 ) -> DrillWidget:
     """A drill widget over the course deck (or ``deck``), reviewing into the default store
-    (or ``db``); filter by ``tag`` or ``notebook`` (``"04-data-parallelism"`` or a
-    ``"folder#section"`` anchor). Display it by leaving it last in a cell."""
+    (or ``db``); filter by ``tag``, ``notebook`` (``"04-data-parallelism"`` or a
+    ``"folder#section"`` anchor) or ``up_to`` (``"03"``: notebooks 00 to 03, the ones done
+    so far). New cards come in course order. Display it by leaving it last in a cell."""
     session = DrillSession(
         deck,
         db,
         tag=tag,
         notebook=notebook,
+        up_to=up_to,
         new_per_day=new_per_day,
         desired_retention=desired_retention,
         clock=clock,

@@ -45,15 +45,15 @@ def visible(w) -> bool:
 
 def test_question_then_answer_then_rating(widget):
     assert "New 6" in widget.progress.value and "reviewed today: 0" in widget.progress.value
-    assert "\\(n = 8\\)" in widget.question.value  # Markdown + math rendered for MathJax
+    # Markdown + math rendered for MathJax; the first new card is the course's first section
+    assert "<em>reduce-scatter</em>" in widget.question.value
+    assert "rank \\(r\\)" in widget.question.value
     assert widget.answer.value == ""
     assert visible(widget.show_button) and not visible(widget.ratings_box)
     assert widget.undo_button.disabled
 
     widget.show_button.click()
-    assert (
-        "<strong>7</strong>" in widget.answer.value and "\\(2(n-1) = 14\\)" in widget.answer.value
-    )
+    assert "Shard \\(r\\) of the element-wise sum" in widget.answer.value
     assert not visible(widget.show_button) and visible(widget.ratings_box)
     labels = [b.description for b in widget.rating_buttons.values()]
     assert labels[:3] == ["Again · 1m", "Hard · 6m", "Good · 10m"]
