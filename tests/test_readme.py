@@ -1,5 +1,6 @@
 """The README's code runs: the notebook-cell example, train.py under torchrun, the shell tour."""
 
+import os
 import re
 import shlex
 import subprocess
@@ -62,14 +63,19 @@ TOUR = [line for line in code_blocks("bash")[-1].splitlines() if line and not li
 
 
 @pytest.mark.parametrize("command", TOUR)
-def test_shell_tour_commands_run(command):
+def test_shell_tour_commands_run(command, tmp_path):
+    """Each command runs; none writes to the user data folder (tests/conftest.py points the
+    flashcards store at a temporary file; the user data folder is moved here to check)."""
     program, *args = shlex.split(command)
+    user_data = tmp_path / "user-data"
     result = subprocess.run(
         [sys.executable, "-m", f"{program}.cli", *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env={**os.environ, "XDG_DATA_HOME": str(user_data)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()
+    assert not user_data.exists(), sorted(str(p) for p in user_data.rglob("*"))
