@@ -299,3 +299,58 @@ def test_ctrl_c_while_starting_workers_kills_the_ones_already_started(monkeypatc
         distlab.run(_threads, 2)
     assert started and started[0].process.poll() is not None, "the first worker was left running"
     assert not _children()
+
+
+def _every_rank_raises(rank, world_size):
+    raise ValueError(f"rank {rank} has its own problem")
+
+
+def _rank_1_raises_during_an_all_reduce(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    if rank == 1:
+        raise ValueError("only rank 1 is wrong")
+    dist.all_reduce(x)  # rank 1 never joins: the others fail (or wait) because of it
+    return x.sum().item()
+
+
+def test_rank_error_says_what_each_rank_did():
+    with pytest.raises(distlab.RankError) as info:
+        distlab.run(_every_rank_raises, 2, timeout=60)
+    error = info.value
+    assert [o.status for o in error.outcomes] == [launch.RAISED] * 2
+    assert "raised errors of their own too" in str(error)
+    assert "failed after it" not in str(error) and "because another rank failed" not in str(error)
+    for rank in range(2):
+        assert f"rank {rank}: raised ValueError: rank {rank} has its own problem" in str(error)
+
+    with pytest.raises(distlab.RankError) as info:
+        distlab.run(_rank_1_raises_during_an_all_reduce, 3, timeout=60)
+    error = info.value
+    assert error.rank == 1 and "only rank 1 is wrong" in error.remote_traceback
+    statuses = {o.rank: o.status for o in error.outcomes}
+    assert statuses[1] == launch.RAISED
+    assert statuses[0] in (launch.PEER_FAILED, launch.STOPPED)
+    assert statuses[2] in (launch.PEER_FAILED, launch.STOPPED)
+    assert "raised errors of their own" not in str(error)
+    assert "rank 1: raised ValueError: only rank 1 is wrong" in str(error)
+
+
+def test_a_communication_error_is_told_apart_from_a_rank_s_own():
+    peer_gone = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:31617"
+    )
+    assert launch._caused_by_peer(peer_gone)
+    try:
+        try:
+            raise peer_gone
+        except RuntimeError as exc:
+            raise ValueError("wrapped") from exc
+    except ValueError as wrapped:
+        assert launch._caused_by_peer(wrapped)
+    assert not launch._caused_by_peer(ValueError("bad shard"))
+    assert not launch._caused_by_peer(NotImplementedError())
