@@ -232,8 +232,27 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
             sys.stdout, sys.stderr = saved
         with lock:
             conn.send(reply)
-        if isinstance(reply, Failure):
-            return  # a failed worker is not reused: its process group state is unknown
+        if isinstance(reply, Failure):  # not reused: its process group state is unknown
+            _stop_process_groups(dist)
+            return
+
+
+def _stop_process_groups(dist) -> None:
+    """Destroy a failed rank's process groups before its process exits.
+
+    Each gloo process group runs threads of its own (a ``gloo_tcp_loop`` transport thread
+    and ``pt_gloo_runloop`` work threads; ``/proc/<pid>/task/*/comm`` names them). A
+    worker that exited with them still running now and then aborted after Python's own
+    shutdown, in C++ teardown: "terminate called without an active exception" on the
+    notebook's stderr (notebook 03 with Exercise 5 unsolved: subgroups, then every rank
+    raises). Once the failed function's frames are gone nothing else holds the groups, so
+    destroying them joins those threads. If one is stuck in a message to a peer, the
+    launcher kills this process a moment later anyway (it stops every worker of a failed job).
+    """
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):  # the process exits next; the parent has the error
+        dist.destroy_process_group()  # every group: the default one and its subgroups
 
 
 _PEER_GONE = (  # what gloo says when the rank at the other end of a message has stopped
@@ -290,8 +309,9 @@ def _run_job(dist, job: Job):
     dist.init_process_group(
         job.backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
     )
-    result = fn(rank, world_size, *args)  # if it raises: no teardown, the worker exits
-    dist.destroy_process_group()
+    result = fn(rank, world_size, *args)  # if it raises, _worker_main stops the groups
+    if dist.is_initialized():  # fn may have destroyed it itself, as a torchrun script does
+        dist.destroy_process_group()
     return result
 
 

@@ -354,3 +354,56 @@ def test_a_communication_error_is_told_apart_from_a_rank_s_own():
         assert launch._caused_by_peer(wrapped)
     assert not launch._caused_by_peer(ValueError("bad shard"))
     assert not launch._caused_by_peer(NotImplementedError())
+
+
+def _gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (Linux: /proc/self/task/*/comm)."""
+    from pathlib import Path
+
+    names = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
+    return sorted(n for n in names if "gloo" in n)
+
+
+def _groups_then_stop(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(3)
+    for _ in range(2):  # two subgroups, no reference kept (as after a failed function)
+        dist.all_reduce(x, group=dist.new_group([0, 1]))
+    running = _gloo_threads()
+    launch._stop_process_groups(dist)  # what a worker does after its function raised
+    return running, _gloo_threads()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_a_failed_rank_stops_its_gloo_threads_before_it_exits():
+    for running, after in distlab.run(_groups_then_stop, 2):
+        assert "pt_gloo_runloop" in running and "gloo_tcp_loop" in running
+        assert after == []
+
+
+def _two_level_unsolved(rank, world_size):
+    """Notebook 03's Exercise 5 with its stub: subgroups, one all-reduce, then every rank raises."""
+    import torch
+    import torch.distributed as dist
+
+    nodes = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    columns = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    x = torch.ones(1024)
+    dist.all_reduce(x)
+    for group in (nodes[rank // 2], columns[rank % 2]):
+        dist.all_reduce(x, group=group)
+    raise NotImplementedError()
+
+
+def test_failing_jobs_never_abort_a_worker_at_exit(capfd):
+    """A failed worker used to exit with its gloo threads running and abort in C++
+    teardown, now and then: "terminate called without an active exception"."""
+    for _ in range(4):
+        distlab.run(_rank_and_sum, 4, args=(0,))  # warm workers, as in a notebook
+        with pytest.raises(distlab.RankError, match="NotImplementedError"):
+            distlab.run(_two_level_unsolved, 4, timeout=60)
+    time.sleep(0.5)
+    err = capfd.readouterr().err
+    assert "terminate called" not in err and "Fatal Python error" not in err
