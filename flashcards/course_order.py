@@ -117,13 +117,13 @@ def notebook_prefix(up_to: str | int) -> int:
         f"or a folder of {', '.join(NOTEBOOK_FOLDERS)}"
     )
     if isinstance(up_to, bool) or not isinstance(up_to, str | int):
-        raise TypeError(f"up_to must be {allowed}, got {up_to!r}")
+        raise TypeError(f"up_to (--up-to) must be {allowed}, got {up_to!r}")
     text = str(up_to).strip()
     if text in NOTEBOOK_FOLDERS:
         return NOTEBOOK_FOLDERS.index(text)
     if text.isdigit() and int(text) < len(NOTEBOOK_FOLDERS):
         return int(text)
-    raise ValueError(f"up_to must be {allowed}, got {up_to!r}")
+    raise ValueError(f"up_to (--up-to) must be {allowed}, got {up_to!r}")
 
 
 def up_to_notebook(cards: Iterable[Card], up_to: str | int) -> list[Card]:
