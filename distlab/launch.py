@@ -14,7 +14,8 @@ fit in a Jupyter cell:
    its return value, or its traceback if it raised;
 4. the parent prints each rank's output prefixed with ``[rank r]``, returns
    the results in rank order, and if any rank fails (or the job runs past
-   ``timeout``) kills every worker and raises one error naming the rank.
+   ``timeout``) kills every worker and raises one error naming the rank and
+   saying what each other rank did (raised on its own, or failed because it stopped).
 
 Workers stay warm between runs (torch already imported), so the second
 launch in a notebook costs a fraction of a second; ``warm=False`` starts
@@ -156,6 +157,12 @@ class Failure(NamedTuple):
     failed_at: float  # time.time() when it raised, to find which rank failed first
     peer_failed: bool
     summary: str  # "ExcType: first line of the message"
+
+
+class _Died(NamedTuple):
+    """Not sent: what the parent records for a worker whose process ended without a word."""
+
+    exit_code: int | None
 
 
 # ------------------------------------------------------------------ worker ---
@@ -311,6 +318,10 @@ def _run_job(dist, job: Job):
     )
     result = fn(rank, world_size, *args)  # if it raises, _worker_main stops the groups
     if dist.is_initialized():  # fn may have destroyed it itself, as a torchrun script does
+        # Finish together: a rank whose fn returns at once (no messages) must not close
+        # its connections while a slower peer is still opening them in init_process_group
+        # ("connectFullMesh failed ... Connection closed by peer" on a busy machine).
+        dist.barrier()
         dist.destroy_process_group()
     return result
 
@@ -550,12 +561,6 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
                 finished = set(range(len(workers))) - pending
                 raise _rank_error(workers, {rank: message}, finished)
     return results
-
-
-class _Died(NamedTuple):
-    """Stands for the message of a worker whose process ended without a word."""
-
-    exit_code: int | None
 
 
 def _receive(worker: _Worker):

@@ -302,6 +302,9 @@ def test_ctrl_c_while_starting_workers_kills_the_ones_already_started(monkeypatc
 
 
 def _every_rank_raises(rank, world_size):
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank is connected: none fails while still opening connections
     raise ValueError(f"rank {rank} has its own problem")
 
 
