@@ -102,7 +102,8 @@ def _deadlock(rank, world_size):
 
 
 def test_a_deadlock_becomes_a_timeout_error_and_leaves_nothing_behind():
-    before = _children()
+    distlab.run(_rank_and_sum, 2, args=(0,))  # warm workers: the 4 s go to the deadlock,
+    before = _children()  # not to importing torch on a busy machine
     start = time.monotonic()
     with pytest.raises(distlab.LaunchTimeoutError, match="deadlock"):
         distlab.run(_deadlock, 2, timeout=4)
