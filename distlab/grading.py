@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -144,6 +145,7 @@ class ExerciseScore:
     max_points: float
     failure: str | None  # the error the test cell raised, None if it passed
     flashcards: str | None  # "<notebook>#<section>" to review, from the cell's metadata
+    raised_in: str | None = None  # the notebook function the error came from, if any
 
     @property
     def passed(self) -> bool:
@@ -183,6 +185,11 @@ def read_grade(
         for cell in executed.cells
         if _grade_id(cell) is not None
     }
+    raisers = {
+        _grade_id(cell): raised_in(cell.get("outputs", []))
+        for cell in executed.cells
+        if _grade_id(cell) is not None
+    }
     source = nbformat.read(course_dir / SOURCE_DIR / assignment / f"{notebook}.ipynb", as_version=4)
     info = {_grade_id(c): c.metadata.get("distlab", {}) for c in source.cells if _grade_id(c)}
     order = [_grade_id(c) for c in source.cells if _is_graded(c)]
@@ -202,6 +209,7 @@ def read_grade(
                 max_points=max_points,
                 failure=failures.get(grade_id) if points < max_points else None,
                 flashcards=meta.get("flashcards"),
+                raised_in=raisers.get(grade_id) if points < max_points else None,
             )
         )
     return NotebookGrade(assignment, notebook, exercises)
@@ -227,6 +235,38 @@ def _failure(outputs) -> str | None:
         if len(lines) > 1:  # a RankError carries the rank's traceback; its last line is the cause
             return f"{head}\n{lines[-1].strip()}"
         return head
+    return None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_IPYTHON_FRAME = re.compile(r"^(Cell In\[\d+\]), line \d+, in (\w+)")
+_IPYTHON_FILE_FRAME = re.compile(r"^File ([^\n]*?):\d+, in (\w+)")
+_PYTHON_FRAME = re.compile(r'^\s*File "([^"]*)", line \d+, in (\S+)$', re.MULTILINE)
+
+
+def _is_notebook_code(where: str) -> bool:
+    """A frame in code the learner's notebook defined: an IPython cell, or a function
+    defined in a cell and shipped to a worker (its file is ``/tmp/ipykernel_<pid>/...``)."""
+    return where.startswith("Cell In[") or "ipykernel_" in where
+
+
+def raised_in(outputs) -> str | None:
+    """The function of the learner's notebook that raised a cell's error: the innermost
+    frame in notebook code (for a :class:`distlab.RankError`, of the failing rank), or
+    None if the error was raised by the test cell itself."""
+    for output in outputs:
+        if output.get("output_type") != "error":
+            continue
+        frames = []  # (where, function), outermost first
+        for entry in output.get("traceback", []):
+            first_line = _ANSI.sub("", entry).splitlines()[0] if entry.strip() else ""
+            match = _IPYTHON_FRAME.match(first_line) or _IPYTHON_FILE_FRAME.match(first_line)
+            if match:
+                frames.append((match.group(1), match.group(2)))
+        if output.get("ename") == "RankError":  # the rank's traceback is in the message
+            frames += _PYTHON_FRAME.findall(str(output.get("evalue", "")))
+        notebook = [name for where, name in frames if _is_notebook_code(where)]
+        return notebook[-1] if notebook and notebook[-1] != "<module>" else None
     return None
 
 
@@ -263,6 +303,43 @@ def identify(notebook_path: str | os.PathLike, root: str | None = None) -> tuple
     return assignment, name
 
 
+def find_notebook(notebook: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """The learner's notebook that ``notebook`` names, tried in this order:
+
+    1. a path, relative to the current folder (``course/02-collectives/02-collectives.ipynb``);
+    2. the same path relative to the course root, so the README's command also works from a
+       terminal opened in ``course/`` (JupyterLab starts its terminals there);
+    3. an assignment's name, ``02-collectives`` or just ``02`` (``.ipynb`` optional):
+       ``course/02-collectives/02-collectives.ipynb`` under the course root.
+    """
+    given = Path(notebook).expanduser()
+    if given.is_file():
+        return given
+    tried = [str(given)]
+    try:
+        source_root = find_course_root(root)
+    except FileNotFoundError:
+        source_root = None
+    if source_root is not None and not given.is_absolute():
+        candidates = [source_root / given]
+        name = given.name.removesuffix(".ipynb")
+        if len(given.parts) == 1:
+            names = assignment_names(source_root)
+            matches = [a for a in names if a == name or a.split("-", 1)[0] == name]
+            candidates += [source_root / RELEASE_DIR / a / f"{a}.ipynb" for a in matches]
+        for candidate in candidates:
+            if candidate.is_dir():  # an assignment folder: its notebook of the same name
+                candidate = candidate / f"{candidate.name}.ipynb"
+            if candidate.is_file():
+                return candidate
+            tried.append(str(candidate))
+    known = ", ".join(assignment_names(source_root)) if source_root else "none found"
+    raise FileNotFoundError(
+        f"no such notebook: {notebook} (tried {', '.join(dict.fromkeys(tried))}). Give a path "
+        f"to your notebook, or the name of a course notebook: {known}"
+    )
+
+
 def edited_test_cells(notebook_path: str | os.PathLike) -> list[str]:
     """grade_ids of read-only cells whose checksum no longer matches (nbgrader's Validator check)."""
     from nbgrader.validator import Validator
@@ -280,9 +357,12 @@ def grade_notebook(
 ) -> NotebookGrade:
     """Autograde one learner notebook in a temporary course directory.
 
+    ``notebook_path``: anything :func:`find_notebook` accepts (a path, or a name).
+
     ``keep``: a folder to build the course directory in (kept afterwards, for
     inspecting the autograded notebook); default a temporary one, deleted.
     """
+    notebook_path = find_notebook(notebook_path, root)
     assignment, notebook = identify(notebook_path, root)
     edited = edited_test_cells(notebook_path)
     with tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp:
@@ -329,11 +409,13 @@ def format_report(grade: NotebookGrade) -> str:
         lines.append(f"  {e.title:<{width}}  {e.points:g}/{e.max_points:g}  {status}")
         if e.failure:
             lines.extend(f"      {line}" for line in e.failure.splitlines())
+        if e.failure and e.raised_in:
+            lines.append(f"      raised in {e.raised_in}()")
     suggestions = flashcard_suggestions(grade)
     if suggestions:
         lines.append("Review the topics you missed:")
         for section, n_cards in suggestions:
-            count = "" if n_cards is None else f"   ({n_cards} cards)"
+            count = "" if n_cards is None else f"   ({n_cards} card{'' if n_cards == 1 else 's'})"
             lines.append(f"  flashcards drill --notebook {section}{count}")
     return "\n".join(lines)
 
@@ -349,7 +431,9 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument(
-        "notebook", help="path to your notebook, e.g. course/00-launching/00-launching.ipynb"
+        "notebook",
+        help="your notebook: a path (course/00-launching/00-launching.ipynb, also from inside "
+        "course/), or a course notebook's name (00-launching, or 00)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(

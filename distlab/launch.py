@@ -14,7 +14,8 @@ fit in a Jupyter cell:
    its return value, or its traceback if it raised;
 4. the parent prints each rank's output prefixed with ``[rank r]``, returns
    the results in rank order, and if any rank fails (or the job runs past
-   ``timeout``) kills every worker and raises one error naming the rank.
+   ``timeout``) kills every worker and raises one error naming the rank and
+   saying what each other rank did (raised on its own, or failed because it stopped).
 
 Workers stay warm between runs (torch already imported), so the second
 launch in a notebook costs a fraction of a second; ``warm=False`` starts
@@ -46,6 +47,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from typing import NamedTuple
 
 import cloudpickle
 
@@ -53,27 +55,114 @@ DEFAULT_TIMEOUT = 120.0
 _MAX_IDLE_WORKERS = 8
 
 
-class RankError(RuntimeError):
-    """A rank raised. ``rank`` is the first rank that failed; ``remote_traceback`` its traceback."""
+# What a rank did in a failed job (RankError.outcomes).
+RAISED = "raised"  # its own code raised
+PEER_FAILED = "peer failed"  # a message to or from a rank that had stopped failed
+DIED = "died"  # its process ended without a word (killed, out of memory, native crash)
+FINISHED = "finished"  # it had returned its result
+STOPPED = "stopped"  # it was still running when the launcher stopped the job
 
-    def __init__(self, rank: int, remote_traceback: str, exc_type: str, also_failed: tuple = ()):
+
+class RankOutcome(NamedTuple):
+    """What one rank of a failed job did: ``status`` is one of RAISED, PEER_FAILED, DIED,
+    FINISHED or STOPPED; ``error`` its ``"ExcType: first line"`` where it raised."""
+
+    rank: int
+    status: str
+    error: str = ""
+
+    def describe(self) -> str:
+        what = {
+            RAISED: f"raised {self.error}",
+            PEER_FAILED: f"stopped because another rank failed ({self.error})",
+            DIED: self.error,
+            FINISHED: "had finished",
+            STOPPED: "was still running; stopped",
+        }[self.status]
+        return f"rank {self.rank}: {what}"
+
+
+class RankError(RuntimeError):
+    """A rank raised. ``rank`` is the first rank that failed on its own, ``remote_traceback``
+    its traceback; ``outcomes`` says what every rank did (see :class:`RankOutcome`);
+    ``also_failed`` lists the other ranks that raised, on their own or because of it."""
+
+    def __init__(
+        self,
+        rank: int,
+        remote_traceback: str,
+        exc_type: str,
+        also_failed: tuple = (),
+        outcomes: tuple[RankOutcome, ...] = (),
+    ):
         self.rank = rank
         self.remote_traceback = remote_traceback
         self.exc_type = exc_type
         self.also_failed = tuple(also_failed)
-        knock_on = (
-            f" (ranks {list(also_failed)} failed after it, most likely because it stopped)"
-            if also_failed
-            else ""
-        )
-        super().__init__(
-            f"rank {rank} failed with {exc_type}; every rank was stopped{knock_on}.\n"
-            f"--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}"
-        )
+        self.outcomes = tuple(outcomes)
+        own = [o.rank for o in self.outcomes if o.status == RAISED and o.rank != rank]
+        also = f" (ranks {own} raised errors of their own too)" if own else ""
+        lines = [f"rank {rank} failed with {exc_type}; every rank was stopped{also}."]
+        if len(self.outcomes) > 1:
+            lines += [f"  {o.describe()}" for o in self.outcomes]
+        lines.append(f"--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}")
+        super().__init__("\n".join(lines))
 
 
 class LaunchTimeoutError(TimeoutError):
     """The job ran past its timeout (often a deadlock: a rank waits for a message never sent)."""
+
+
+# ------------------------------------------------------------ wire messages ---
+# What parent and workers send each other over their socket (pickled NamedTuples).
+class Job(NamedTuple):
+    """Parent -> worker: run ``payload`` (a cloudpickled ``(fn, args)``) as ``rank``."""
+
+    rank: int
+    world_size: int
+    backend: str
+    host: str
+    port: int
+    prefix: str  # TCPStore key prefix, unique per launch
+    payload: bytes
+    timeout: float
+    cwd: str
+    sys_path: list
+    threads: int  # torch intra-op threads for this rank
+
+
+class Ready(NamedTuple):
+    """Worker -> parent: started and torch.distributed imported."""
+
+
+class Output(NamedTuple):
+    """Worker -> parent: whole lines a rank printed, on ``stream`` ("stdout" or "stderr")."""
+
+    stream: str
+    text: str
+
+
+class Result(NamedTuple):
+    """Worker -> parent: ``fn`` returned; ``payload`` is its cloudpickled return value."""
+
+    payload: bytes
+
+
+class Failure(NamedTuple):
+    """Worker -> parent: ``fn`` raised. ``peer_failed``: the error came from a message to or
+    from a rank that had stopped (see :func:`_caused_by_peer`)."""
+
+    exc_type: str
+    traceback: str
+    failed_at: float  # time.time() when it raised, to find which rank failed first
+    peer_failed: bool
+    summary: str  # "ExcType: first line of the message"
+
+
+class _Died(NamedTuple):
+    """Not sent: what the parent records for a worker whose process ended without a word."""
+
+    exit_code: int | None
 
 
 # ------------------------------------------------------------------ worker ---
@@ -99,7 +188,7 @@ class _RankOutput:
 
     def _send(self, text: str) -> None:
         with self.lock:
-            self.conn.send(("out", self.stream, text))
+            self.conn.send(Output(self.stream, text))
 
     def isatty(self) -> bool:
         return False
@@ -122,7 +211,7 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
     import torch.distributed as dist  # the expensive import, paid once per worker
 
     lock = threading.Lock()
-    conn.send(("ready",))
+    conn.send(Ready())
     while True:
         try:
             job = conn.recv()
@@ -134,57 +223,106 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
         sys.stdout = _RankOutput(conn, lock, "stdout")
         sys.stderr = _RankOutput(conn, lock, "stderr")
         try:
-            result = _run_job(dist, job)
-            payload = ("ok", cloudpickle.dumps(result))
+            reply = Result(cloudpickle.dumps(_run_job(dist, job)))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-            payload = (
-                "error",
+            failed_at = time.time()  # before peers notice: they fail a moment later
+            reply = Failure(
                 type(exc).__name__,
                 traceback.format_exc(),
-                job.get("failed_at", time.time()),
+                failed_at,
+                _caused_by_peer(exc),
+                _summary(exc),
             )
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             sys.stdout, sys.stderr = saved
         with lock:
-            conn.send(payload)
-        if payload[0] == "error":
-            return  # a failed worker is not reused: its process group state is unknown
+            conn.send(reply)
+        if isinstance(reply, Failure):  # not reused: its process group state is unknown
+            _stop_process_groups(dist)
+            return
 
 
-def _run_job(dist, job: dict):
-    rank, world_size = job["rank"], job["world_size"]
+def _stop_process_groups(dist) -> None:
+    """Destroy a failed rank's process groups before its process exits.
+
+    Each gloo process group runs threads of its own (a ``gloo_tcp_loop`` transport thread
+    and ``pt_gloo_runloop`` work threads; ``/proc/<pid>/task/*/comm`` names them). A
+    worker that exited with them still running now and then aborted after Python's own
+    shutdown, in C++ teardown: "terminate called without an active exception" on the
+    notebook's stderr (notebook 03 with Exercise 5 unsolved: subgroups, then every rank
+    raises). Once the failed function's frames are gone nothing else holds the groups, so
+    destroying them joins those threads. If one is stuck in a message to a peer, the
+    launcher kills this process a moment later anyway (it stops every worker of a failed job).
+    """
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):  # the process exits next; the parent has the error
+        dist.destroy_process_group()  # every group: the default one and its subgroups
+
+
+_PEER_GONE = (  # what gloo says when the rank at the other end of a message has stopped
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "gloo/transport",
+)
+
+
+def _caused_by_peer(exc: BaseException) -> bool:
+    """True if ``exc`` (or an error it was raised from) is a communication failure: a
+    ``torch.distributed`` DistError or a gloo transport error, which is what a rank sees
+    when a peer it exchanges messages with has stopped."""
+    import torch.distributed as dist
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, dist.DistError) or any(m in str(exc) for m in _PEER_GONE):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _summary(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
+
+
+def _run_job(dist, job: Job):
+    rank, world_size = job.rank, job.world_size
     os.environ.update(
-        MASTER_ADDR=job["host"],
-        MASTER_PORT=str(job["port"]),
+        MASTER_ADDR=job.host,
+        MASTER_PORT=str(job.port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
     )
-    os.chdir(job["cwd"])  # relative paths mean the same as in the caller
+    os.chdir(job.cwd)  # relative paths mean the same as in the caller
     import torch
 
-    torch.set_num_threads(job["threads"])
-    sys.path[:] = job["sys_path"]  # so functions pickled by reference (from a module) resolve
-    fn, args = cloudpickle.loads(job["payload"])
-    timeout = timedelta(seconds=job["timeout"])
-    store = dist.TCPStore(job["host"], job["port"], world_size, is_master=False, timeout=timeout)
-    store = dist.PrefixStore(job["prefix"], store)
+    torch.set_num_threads(job.threads)
+    sys.path[:] = job.sys_path  # so functions pickled by reference (from a module) resolve
+    fn, args = cloudpickle.loads(job.payload)
+    timeout = timedelta(seconds=job.timeout)
+    store = dist.TCPStore(job.host, job.port, world_size, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(job.prefix, store)
     kwargs = {}
-    if job["backend"] == "nccl":
+    if job.backend == "nccl":
         torch.cuda.set_device(rank)
         kwargs["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(
-        job["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
+        job.backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
     )
-    try:
-        result = fn(rank, world_size, *args)
-    except BaseException:
-        job["failed_at"] = time.time()  # before peers notice: they fail a moment later
-        raise  # no teardown: a failed worker exits and its connections close with it
-    dist.destroy_process_group()
+    result = fn(rank, world_size, *args)  # if it raises, _worker_main stops the groups
+    if dist.is_initialized():  # fn may have destroyed it itself, as a torchrun script does
+        # Finish together: a rank whose fn returns at once (no messages) must not close
+        # its connections while a slower peer is still opening them in init_process_group
+        # ("connectFullMesh failed ... Connection closed by peer" on a busy machine).
+        dist.barrier()
+        dist.destroy_process_group()
     return result
 
 
@@ -366,20 +504,21 @@ def run(
     prefix = f"distlab-{os.getpid()}-{time.monotonic_ns()}/"
     try:
         workers = _take_workers(world_size, warm, deadline)
-        job = {
-            "world_size": world_size,
-            "backend": backend,
-            "host": "127.0.0.1",
-            "port": store.port,
-            "prefix": prefix,
-            "payload": payload,
-            "timeout": timeout,
-            "cwd": os.getcwd(),
-            "sys_path": list(sys.path),
-            "threads": threads_per_rank(world_size),
-        }
+        job = Job(
+            rank=0,
+            world_size=world_size,
+            backend=backend,
+            host="127.0.0.1",
+            port=store.port,
+            prefix=prefix,
+            payload=payload,
+            timeout=timeout,
+            cwd=os.getcwd(),
+            sys_path=list(sys.path),
+            threads=threads_per_rank(world_size),
+        )
         for rank, worker in enumerate(workers):
-            worker.conn.send({**job, "rank": rank})
+            worker.conn.send(job._replace(rank=rank))
         results = _collect(workers, deadline, timeout, show_output)
     except BaseException:
         for worker in workers:
@@ -411,47 +550,64 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
             )
         for conn in wait([workers[r].conn for r in pending], timeout=remaining):
             rank = rank_of[conn]
-            try:
-                message = conn.recv()
-            except EOFError:  # the process is gone without a word
-                code = workers[rank].process.wait()
-                raise RankError(
-                    rank,
-                    f"process exited with code {code} before returning a result "
-                    "(killed, out of memory, or a crash in native code)",
-                    "ProcessDied",
-                ) from None
-            if message[0] == "out":
+            message = _receive(workers[rank])
+            if isinstance(message, Output):
                 if show_output:
-                    _print_rank_output(rank, message[1], message[2])
-            elif message[0] == "ok":
-                results[rank] = cloudpickle.loads(message[1])
+                    _print_rank_output(rank, message.stream, message.text)
+            elif isinstance(message, Result):
+                results[rank] = cloudpickle.loads(message.payload)
                 pending.discard(rank)
-            elif message[0] == "error":
-                raise _first_failure(workers, rank, message)
+            elif isinstance(message, Failure | _Died):
+                finished = set(range(len(workers))) - pending
+                raise _rank_error(workers, {rank: message}, finished)
     return results
 
 
-def _first_failure(workers: list[_Worker], rank: int, message: tuple) -> RankError:
-    """When one rank fails, its peers soon fail too ("connection closed by peer").
-    Collect the errors that arrive within a moment and blame the earliest."""
-    errors = {rank: message}
+def _receive(worker: _Worker):
+    try:
+        return worker.conn.recv()
+    except EOFError:  # the process is gone without a word
+        return _Died(worker.process.wait())
+
+
+def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> RankError:
+    """When one rank fails, its peers soon fail too ("connection closed by peer"), or fail
+    on their own. Collect what arrives within a moment, say what each rank did, and blame
+    the earliest rank that failed on its own (else the earliest to fail)."""
     grace = time.monotonic() + 0.5
     while time.monotonic() < grace:
-        conns = [w.conn for r, w in enumerate(workers) if r not in errors and not w.conn.closed]
-        for conn in wait(conns, timeout=max(grace - time.monotonic(), 0)):
-            other = next(r for r, w in enumerate(workers) if w.conn is conn)
-            try:
-                reply = conn.recv()
-            except EOFError:
-                errors[other] = None
-                continue
-            if reply[0] == "error":
-                errors[other] = reply
-    failed = {r: m for r, m in errors.items() if m is not None}
-    first = min(failed, key=lambda r: failed[r][3])
-    _, exc_type, tb, _ = failed[first]
-    return RankError(first, tb, exc_type, also_failed=sorted(r for r in failed if r != first))
+        waiting = {w.conn: r for r, w in enumerate(workers) if r not in failures.keys() | finished}
+        for conn in wait(list(waiting), timeout=max(grace - time.monotonic(), 0)):
+            message = _receive(workers[waiting[conn]])
+            if isinstance(message, Failure | _Died):
+                failures[waiting[conn]] = message
+            elif isinstance(message, Result):
+                finished.add(waiting[conn])
+    outcomes = tuple(_outcome(r, failures.get(r), r in finished) for r in range(len(workers)))
+    raised = {r: m for r, m in failures.items() if isinstance(m, Failure)}
+    own = {r: m for r, m in raised.items() if not m.peer_failed}
+    if own or raised:
+        candidates = own or raised
+        first = min(candidates, key=lambda r: candidates[r].failed_at)
+        message = candidates[first]
+        tb, exc_type = message.traceback, message.exc_type
+    else:  # only processes that died
+        first = min(failures)
+        tb = (
+            f"process exited with code {failures[first].exit_code} before returning a result "
+            "(killed, out of memory, or a crash in native code)"
+        )
+        exc_type = "ProcessDied"
+    also = sorted(r for r in failures if r != first)
+    return RankError(first, tb, exc_type, also_failed=also, outcomes=outcomes)
+
+
+def _outcome(rank: int, failure, finished: bool) -> RankOutcome:
+    if isinstance(failure, Failure):
+        return RankOutcome(rank, PEER_FAILED if failure.peer_failed else RAISED, failure.summary)
+    if isinstance(failure, _Died):
+        return RankOutcome(rank, DIED, f"its process exited with code {failure.exit_code}")
+    return RankOutcome(rank, FINISHED if finished else STOPPED)
 
 
 _line_start: dict[tuple[int, str], bool] = {}

@@ -3,9 +3,11 @@
 In JupyterLab::
 
     import flashcards
-    flashcards.drill()                       # or drill(tag="collectives"), drill(notebook="06-zero-and-fsdp")
+    flashcards.drill()                   # new cards in course order, notebook 00 first
+    flashcards.drill(up_to="02")         # only the notebooks done so far: 00, 01 and 02
+    flashcards.drill(notebook="02-collectives")   # or tag="collectives"
 
-In a terminal: ``flashcards drill``, ``flashcards stats``, ``flashcards export-anki deck.apkg``
+In a terminal: ``flashcards drill --up-to 02``, ``flashcards stats``, ``flashcards export-anki deck.apkg``
 (``flashcards --help`` lists every command). Imports are lazy: ``import flashcards`` loads
 nothing heavy until a name is used.
 """

@@ -1,6 +1,7 @@
 """The ``flashcards`` command: drill in a terminal, statistics, lists, exports.
 
-    flashcards drill [--tag T] [--notebook N] [--new N]   review due cards (keys: Space, 1-4, u, q)
+    flashcards drill [--up-to NN] [--tag T] [--notebook N] [--new N]
+                                                           review due cards (keys: Space, 1-4, u, q)
     flashcards stats [--plot out.png]                      counts, due forecast, reviews/day, retention
     flashcards list [--tag T] [--notebook N]               cards with their state and due date
     flashcards check                                       recompute every number the cards state
@@ -22,13 +23,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TextIO
 
+from rich import box
 from rich.columns import Columns
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.table import Table
 
-from flashcards.model import Deck, load_deck
+from flashcards.course_order import in_course_order, up_to_notebook
+from flashcards.model import Card, Deck, load_deck
 from flashcards.render import to_terminal
 from flashcards.scheduler import DEFAULT_RETENTION, NEW_PER_DAY, RATING_KEYS, format_interval
 from flashcards.session import DrillSession
@@ -147,6 +150,10 @@ def _undo(session: DrillSession, console: Console) -> int:
     return 1
 
 
+def _plural(n: int, noun: str) -> str:
+    return noun if n == 1 else f"{noun}s"
+
+
 # -- commands -----------------------------------------------------------------------------
 def _session(args: argparse.Namespace) -> DrillSession:
     return DrillSession(
@@ -154,6 +161,7 @@ def _session(args: argparse.Namespace) -> DrillSession:
         Store(args.db),
         tag=args.tag,
         notebook=args.notebook,
+        up_to=args.up_to,
         new_per_day=args.new,
         desired_retention=args.retention,
         clock=_clock(args),
@@ -162,6 +170,14 @@ def _session(args: argparse.Namespace) -> DrillSession:
 
 def _deck(args: argparse.Namespace) -> Deck:
     return load_deck(args.deck)
+
+
+def _selected(args: argparse.Namespace) -> list[Card]:
+    """The cards ``--tag``, ``--notebook`` and ``--up-to`` select, in course order."""
+    cards = _deck(args).filter(tag=args.tag, notebook=args.notebook)
+    if args.up_to is not None:
+        cards = up_to_notebook(cards, args.up_to)
+    return in_course_order(cards)
 
 
 def _clock(args: argparse.Namespace) -> Callable[[], datetime] | None:
@@ -209,12 +225,15 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
-    deck = _deck(args)
     states = Store(args.db).card_states()
-    table = Table()
-    for column in ("id", "tags", "notebook", "state", "due"):
-        table.add_column(column)
-    for card in deck.filter(tag=args.tag, notebook=args.notebook):
+    cards = _selected(args)
+    # The id is what `flashcards unsuspend` takes: never cut or wrapped, at any terminal
+    # width; the other columns fold instead.
+    table = Table(box=box.SIMPLE_HEAD, title=f"{len(cards)} {_plural(len(cards), 'card')}")
+    table.add_column("id", no_wrap=True, min_width=max((len(c.slug) for c in cards), default=2))
+    for column in ("tags", "notebook", "state", "due"):
+        table.add_column(column, overflow="fold")
+    for card in cards:
         s = states.get(card.card_id)
         if s is None:
             state, due = "new", ""
@@ -241,7 +260,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 def cmd_export_anki(args: argparse.Namespace, console: Console) -> int:
     from flashcards.anki import export_apkg
 
-    cards = _deck(args).filter(tag=args.tag, notebook=args.notebook)
+    cards = _selected(args)
     path = export_apkg(cards, args.path)
     console.print(f"wrote {len(cards)} notes to {path}")
     return 0
@@ -281,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     selection.add_argument("--tag", help="only cards with this tag")
     selection.add_argument(
         "--notebook", help="only cards of this notebook folder or folder#section"
+    )
+    selection.add_argument(
+        "--up-to",
+        metavar="NN",
+        help="only cards of notebooks 00 to NN, the ones done so far (e.g. 03)",
     )
 
     parser = argparse.ArgumentParser(

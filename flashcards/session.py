@@ -17,6 +17,7 @@ from datetime import UTC, datetime, tzinfo
 import fsrs
 from fsrs import Rating
 
+from flashcards.course_order import in_course_order, up_to_notebook
 from flashcards.model import Card, Deck, load_deck
 from flashcards.scheduler import (
     DEFAULT_RETENTION,
@@ -59,6 +60,8 @@ class DrillSession:
         deck: a :class:`Deck`, a deck folder/file, or None for the packaged deck.
         store: a :class:`Store`, a database path, or None for the default location.
         tag, notebook: only cards with this tag / from this notebook (folder or anchor).
+        up_to: only cards of the notebooks done so far, 00 to this one (``"03"`` or
+            ``"03-algorithms-and-cost"``).
         new_per_day: daily limit of new cards (Anki's default 20), counted over all drills.
         desired_retention: FSRS target probability of recall (default 0.9).
         clock: returns "now" as an aware datetime (tests pass a fixed clock).
@@ -72,6 +75,7 @@ class DrillSession:
         *,
         tag: str | None = None,
         notebook: str | None = None,
+        up_to: str | int | None = None,
         new_per_day: int = NEW_PER_DAY,
         desired_retention: float = DEFAULT_RETENTION,
         scheduler: fsrs.Scheduler | None = None,
@@ -82,11 +86,15 @@ class DrillSession:
             raise ValueError(f"new_per_day must be an integer >= 0, got {new_per_day!r}")
         self.deck = deck if isinstance(deck, Deck) else load_deck(deck)
         self.store = store if isinstance(store, Store) else Store(store)
-        self.cards = self.deck.filter(tag=tag, notebook=notebook)
-        if not self.cards and (tag is not None or notebook is not None):
+        cards = self.deck.filter(tag=tag, notebook=notebook)
+        if up_to is not None:
+            cards = up_to_notebook(cards, up_to)
+        # new cards are introduced in this order: notebook, then section (flashcards.course_order)
+        self.cards = in_course_order(cards)
+        if not self.cards and (tag, notebook, up_to) != (None, None, None):
             raise ValueError(
-                f"no card matches tag={tag!r} notebook={notebook!r}; tags in this deck: "
-                f"{', '.join(self.deck.tags)}"
+                f"no card matches tag={tag!r} notebook={notebook!r} up_to={up_to!r}; "
+                f"tags in this deck: {', '.join(self.deck.tags)}"
             )
         self.new_per_day = new_per_day
         self.scheduler = scheduler or make_scheduler(desired_retention)

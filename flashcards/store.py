@@ -13,6 +13,14 @@ Each log row keeps the FSRS card it produced, because FSRS fuzzes intervals at r
 the cache is always "the last row's card", and undo deletes the last row and rebuilds
 the card from the rows left. Undo is the only deletion.
 
+Threads: one connection, opened with ``check_same_thread=False`` and guarded by a lock
+that every read and every transaction holds, so a store built on the notebook's main
+thread can be used from the thread that runs widget callbacks (JupyterLab 4's comms over
+subshells with ipykernel 7 run them on another thread). Within a process the lock
+serialises writes; between processes ``BEGIN IMMEDIATE`` does. SQLite itself is built
+"serialized" by Python (https://sqlite.org/threadsafe.html); the lock keeps one thread's
+transaction from interleaving with another thread's statements on the shared connection.
+
 Journal: WAL (readers never block the writer) where the file system supports it; on
 network file systems (NFS/SMB home directories on JupyterHub), or when SQLite refuses
 WAL, it falls back to a rollback journal (``DELETE``). See https://sqlite.org/wal.html
@@ -24,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -154,7 +163,7 @@ def _card_from_json(text: str) -> fsrs.Card:
 
 
 class Store:
-    """The review database; one connection, safe to share a file between processes."""
+    """The review database: safe to use from any thread, and to share a file between processes."""
 
     def __init__(
         self,
@@ -171,8 +180,13 @@ class Store:
             raise ValueError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         uri = f"{self.path.resolve().as_uri()}" + (f"?vfs={_VFS}" if _VFS else "")
+        self._lock = threading.RLock()  # held by every use of the connection (see the docstring)
         self._conn = sqlite3.connect(
-            uri, uri=True, timeout=busy_timeout_ms / 1000, isolation_level=None
+            uri,
+            uri=True,
+            timeout=busy_timeout_ms / 1000,
+            isolation_level=None,
+            check_same_thread=False,
         )
         self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self.journal_mode = self._set_journal_mode(requested)
@@ -202,10 +216,16 @@ class Store:
 
     def transaction(self) -> _Transaction:
         """``with store.transaction():`` runs a ``BEGIN IMMEDIATE`` ... ``COMMIT`` block."""
-        return _Transaction(self._conn)
+        return _Transaction(self._conn, self._lock)
+
+    def _query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        """All rows of one read, under the connection lock (from any thread)."""
+        with self._lock:
+            return self._conn.execute(sql, args).fetchall()
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._conn.close()
 
     def __enter__(self) -> Self:
         return self
@@ -214,23 +234,23 @@ class Store:
         self.close()
 
     def integrity_check(self) -> str:
-        return self._conn.execute("PRAGMA integrity_check").fetchone()[0]
+        return self._query("PRAGMA integrity_check")[0][0]
 
     # -- reading ------------------------------------------------------------------------
     def card_states(self) -> dict[int, StoredCard]:
         """Cached state of every reviewed card, by integer id."""
-        rows = self._conn.execute(
+        rows = self._query(
             "SELECT card_id, slug, card, reps, lapses, suspended, leech, last_review_id FROM cards"
-        ).fetchall()
+        )
         return {row[0]: _stored(row) for row in rows}
 
     def card_state(self, card_id: int) -> StoredCard | None:
-        row = self._conn.execute(
+        rows = self._query(
             "SELECT card_id, slug, card, reps, lapses, suspended, leech, last_review_id FROM cards "
             "WHERE card_id = ?",
             (card_id,),
-        ).fetchone()
-        return _stored(row) if row else None
+        )
+        return _stored(rows[0]) if rows else None
 
     def reviews(self, *, card_id: int | None = None, since: datetime | None = None) -> list[Review]:
         """Log rows in time order, optionally for one card and/or from ``since`` on."""
@@ -241,7 +261,7 @@ class Store:
         if since is not None:
             query += " AND reviewed_at >= ?"
             args.append(_iso(since))
-        rows = self._conn.execute(query + " ORDER BY reviewed_at, id", args).fetchall()
+        rows = self._query(query + " ORDER BY reviewed_at, id", args)
         return [_review(row) for row in rows]
 
     def count_reviews(self, since: datetime, *, new_only: bool = False) -> int:
@@ -249,7 +269,7 @@ class Store:
         query = "SELECT COUNT(*) FROM reviews WHERE reviewed_at >= ?"
         if new_only:
             query += " AND state_before = 0"
-        return self._conn.execute(query, (_iso(since),)).fetchone()[0]
+        return self._query(query, (_iso(since),))[0][0]
 
     # -- writing ------------------------------------------------------------------------
     def record_review(
@@ -397,15 +417,25 @@ class Store:
 
 
 class _Transaction:
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error), holding the store's lock."""
+
+    def __init__(self, conn: sqlite3.Connection, lock: threading.RLock) -> None:
+        self._conn, self._lock = conn, lock
 
     def __enter__(self) -> sqlite3.Connection:
-        self._conn.execute("BEGIN IMMEDIATE")
+        self._lock.acquire()
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
         return self._conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        try:
+            self._conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self._lock.release()
 
 
 def _stored(row: tuple) -> StoredCard:

@@ -1,7 +1,7 @@
 """The JupyterLab drill: an ipywidgets card with "Show answer" and four rating buttons.
 
 >>> import flashcards
->>> flashcards.drill(notebook="02-collectives")   # the last expression in a cell shows it
+>>> flashcards.drill(up_to="02")   # the notebooks done so far; last in a cell, it shows
 
 Each rating button carries the interval FSRS would give (``Good · 3d``); the labels are
 the outcomes the session will apply, so what you click is what you get. Markdown and
@@ -11,11 +11,17 @@ Keys: plain ipywidgets has no keyboard events. If the ``ipyevents`` package is i
 1-4 rate, Space shows the answer and ``u`` undoes, while the mouse is over the card (that
 is how ipyevents gives a widget the keyboard). Without it, Tab moves between the buttons
 and Space/Enter presses the focused one, as for any HTML button.
+
+Errors: ipywidgets swallows an exception raised in a button callback (it lands in
+JupyterLab's log console, not in the cell). Every action here is wrapped so that an error
+is shown in the widget's message line, with its type and text, and logged.
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -30,12 +36,34 @@ from flashcards.scheduler import DEFAULT_RETENTION, NEW_PER_DAY, RATING_KEYS, fo
 from flashcards.session import DrillSession
 from flashcards.store import Store
 
+_log = logging.getLogger(__name__)
+
 _BUTTON_STYLES = {
     Rating.Again: "danger",
     Rating.Hard: "warning",
     Rating.Good: "success",
     Rating.Easy: "info",
 }
+
+
+def _shows_errors(action: Callable) -> Callable:
+    """Run a widget action; if it raises, show the error in the widget instead of losing it."""
+
+    @functools.wraps(action)
+    def guarded(self: DrillWidget, *args, **kwargs):
+        try:
+            return action(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - shown to the learner, and logged
+            _log.exception("flashcards drill: %s failed", action.__name__)
+            self.message.value = (
+                '<div style="color:#cf222e"><b>Something went wrong</b> '
+                f"({html.escape(action.__name__.strip('_').replace('_', ' '))}): "
+                f"<code>{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</code>."
+                " Your earlier reviews are saved; run the cell again to restart the drill.</div>"
+            )
+            return None
+
+    return guarded
 
 
 class DrillWidget(widgets.VBox):
@@ -78,12 +106,14 @@ class DrillWidget(widgets.VBox):
         self._render()
 
     # -- actions (the buttons and keys call these) ----------------------------------------
+    @_shows_errors
     def show_answer(self) -> None:
         if self.session.current is None or self.answer_shown:
             return
         self.answer_shown = True
         self._render()
 
+    @_shows_errors
     def rate(self, rating: Rating | int) -> None:
         if self.session.current is None or not self.answer_shown:
             return
@@ -98,6 +128,7 @@ class DrillWidget(widgets.VBox):
         )
         self._next()
 
+    @_shows_errors
     def undo(self) -> None:
         if not self.session.can_undo:
             return
@@ -179,6 +210,7 @@ def drill(
     tag: str | None = None,
     notebook: str | None = None,
     *,
+    up_to: str | int | None = None,
     new_per_day: int = NEW_PER_DAY,
     desired_retention: float = DEFAULT_RETENTION,
     db: Store | str | os.PathLike | None = None,
@@ -188,13 +220,15 @@ def drill(
     keyboard: bool = True,
 ) -> DrillWidget:
     """A drill widget over the course deck (or ``deck``), reviewing into the default store
-    (or ``db``); filter by ``tag`` or ``notebook`` (``"04-data-parallelism"`` or a
-    ``"folder#section"`` anchor). Display it by leaving it last in a cell."""
+    (or ``db``); filter by ``tag``, ``notebook`` (``"04-data-parallelism"`` or a
+    ``"folder#section"`` anchor) or ``up_to`` (``"03"``: notebooks 00 to 03, the ones done
+    so far). New cards come in course order. Display it by leaving it last in a cell."""
     session = DrillSession(
         deck,
         db,
         tag=tag,
         notebook=notebook,
+        up_to=up_to,
         new_per_day=new_per_day,
         desired_retention=desired_retention,
         clock=clock,

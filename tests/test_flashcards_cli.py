@@ -16,6 +16,7 @@ from rich.console import Console
 
 from flashcards.anki import DECK_ID, MODEL_ID, export_apkg, note_guid
 from flashcards.cli import key_reader, main
+from flashcards.course_order import in_course_order
 from flashcards.model import default_deck_dir, load_deck
 from flashcards.render import split_math
 from flashcards.store import Store
@@ -51,7 +52,19 @@ def test_piped_drill_shows_rates_and_quits(tmp_path, monkeypatch):
 def test_piped_drill_undo_and_end_of_input(tmp_path, monkeypatch):
     db = str(tmp_path / "r.db")
     code, out = run(
-        ["drill", "--db", db, "--deck", str(TEST_DECK), "--now", NOW, "--new", "1"],
+        [
+            "drill",
+            "--db",
+            db,
+            "--deck",
+            str(TEST_DECK),
+            "--now",
+            NOW,
+            "--new",
+            "1",
+            "--tag",
+            "arithmetic",
+        ],
         "\n4\nu\n",
         monkeypatch,
     )
@@ -121,7 +134,8 @@ def test_stats_and_plot(tmp_path, monkeypatch):
 
 def test_list_and_unsuspend(tmp_path, monkeypatch):
     db = str(tmp_path / "r.db")
-    run(["drill", "--db", db, "--deck", str(TEST_DECK), "--now", NOW], "\n4\nq\n", monkeypatch)
+    drill = ["drill", "--db", db, "--deck", str(TEST_DECK), "--now", NOW, "--tag", "arithmetic"]
+    run(drill, "\n4\nq\n", monkeypatch)
     code, out = run(["list", "--db", db, "--deck", str(TEST_DECK), "--tag", "arithmetic"])
     assert code == 0 and "arith-ring-steps" in out and "review" in out and "words-zero" not in out
     store = Store(db)
@@ -175,7 +189,8 @@ def test_anki_package_holds_every_card_with_stable_guids(tmp_path):
     names, notes, cards = read_apkg(path)
     assert "collection.anki2" in names
     assert cards == len(deck) == len(notes)
-    assert [n[0] for n in notes] == [genanki.guid_for("distlab", c.slug) for c in deck]
+    in_order = in_course_order(deck)
+    assert [n[0] for n in notes] == [genanki.guid_for("distlab", c.slug) for c in in_order]
     assert {n[1] for n in notes} == {MODEL_ID}
     fields = {n[0]: n[2].split("\x1f") for n in notes}
     steps = fields[note_guid(deck.by_slug("arith-ring-steps"))]
@@ -218,7 +233,8 @@ def test_real_deck_exports_to_anki(tmp_path):
 
 def test_history_file_is_json(tmp_path, monkeypatch):
     db = str(tmp_path / "r.db")
-    run(["drill", "--db", db, "--deck", str(TEST_DECK), "--now", NOW], "\n3\nq\n", monkeypatch)
+    drill = ["drill", "--db", db, "--deck", str(TEST_DECK), "--now", NOW, "--tag", "arithmetic"]
+    run(drill, "\n3\nq\n", monkeypatch)
     path = tmp_path / "h.json"
     run(["export-json", str(path), "--db", db])
     (review,) = json.loads(path.read_text())["reviews"]
@@ -228,3 +244,27 @@ def test_history_file_is_json(tmp_path, monkeypatch):
         and review["state_before"] == 0
     )
     assert review["reviewed_at"] == NOW
+
+
+def test_list_never_cuts_an_id_in_80_columns(tmp_path):
+    out = io.StringIO()
+    code = main(["list", "--db", str(tmp_path / "r.db")], console=Console(file=out, width=80))
+    deck = load_deck(default_deck_dir())
+    listed = {line.split()[0] for line in out.getvalue().splitlines() if line.strip()}
+    assert code == 0 and {c.slug for c in deck} <= listed
+    assert f"{len(deck)} cards" in out.getvalue()
+    code, out = run(
+        ["list", "--deck", str(TEST_DECK), "--db", str(tmp_path / "r.db"), "--tag", "irrational"]
+    )
+    assert code == 0 and out.split("\n")[0].strip() == "1 card"
+
+
+def test_up_to_selects_the_notebooks_done_so_far(tmp_path, monkeypatch):
+    db = str(tmp_path / "r.db")
+    code, out = run(["list", "--db", db, "--deck", str(TEST_DECK), "--up-to", "02"])
+    assert code == 0 and "4 cards" in out and "arith-sqrt-two" not in out
+    assert out.index("words-reduce-scatter") < out.index("arith-ring-steps")  # course order
+    code, out = run(
+        ["drill", "--db", db, "--deck", str(TEST_DECK), "--up-to", "13"], "", monkeypatch
+    )
+    assert code == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -11,7 +12,8 @@ import fsrs
 import pytest
 from fsrs import Rating, State
 
-from flashcards.model import load_deck
+from flashcards.course_order import in_course_order, notebook_sections, section_anchor
+from flashcards.model import NOTEBOOK_FOLDERS, default_deck_dir, load_deck
 from flashcards.scheduler import (
     LEECH_THRESHOLD,
     StoredCard,
@@ -57,7 +59,9 @@ def new_session(db, clock, **kwargs) -> DrillSession:
 def test_first_reviews_follow_fsrs_and_learning_steps(session, clock):
     assert session.counts.new == 6 and session.counts.learning == 0 and session.counts.review == 0
     first = session.current
-    assert first.slug == "arith-ring-steps"  # new cards in deck order
+    # new cards in course order: notebook 02's "Reduce-scatter" section comes before
+    # "All-gather" and "Ring all-reduce" (flashcards.course_order)
+    assert first.slug == "words-reduce-scatter"
     # The labels are what the fsrs scheduler itself gives a new card.
     reference = fsrs.Scheduler(enable_fuzzing=False)
     for rating, label in session.labels().items():
@@ -71,7 +75,7 @@ def test_first_reviews_follow_fsrs_and_learning_steps(session, clock):
     state = session.store.card_state(first.card_id)
     assert state.card.state == State.Learning and state.card.due == START + timedelta(minutes=10)
     # Not due yet: the next new card comes first, the learning card waits (learn-ahead) at the end.
-    assert session.current.slug == "arith-ring-volume"
+    assert session.current.slug == "words-all-gather"
     assert session.queue[-1].slug == first.slug
     assert (session.counts.new, session.counts.learning) == (5, 1)
 
@@ -295,7 +299,12 @@ def test_deck_update_keeps_history(tmp_path, clock):
     shutil.copytree(TEST_DECK, deck)
     session = new_session(tmp_path / "r.db", clock)
     session = DrillSession(
-        deck, session.store, clock=clock, tz=UTC, scheduler=make_scheduler(enable_fuzzing=False)
+        deck,
+        session.store,
+        tag="arithmetic",
+        clock=clock,
+        tz=UTC,
+        scheduler=make_scheduler(enable_fuzzing=False),
     )
     session.rate(Rating.Easy)  # arith-ring-steps
     session.rate(Rating.Easy)  # arith-ring-volume
@@ -337,3 +346,70 @@ def test_day_window_and_interval_format():
         "1.5mo",
         "2.2y",
     ]
+
+
+# -- course order -------------------------------------------------------------------------
+def write_notebook(path: Path, *markdown: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": text} for text in markdown]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4}))
+
+
+def test_new_cards_follow_the_notebook_headings(tmp_path):
+    """Notebook first, then its sections as its headings appear; notebooks not written yet
+    keep the deck's order; a card of a whole notebook comes before its sections."""
+    root = tmp_path / "course"
+    (root / "nbgrader_config.py").parent.mkdir(parents=True)
+    (root / "nbgrader_config.py").write_text("")
+    write_notebook(
+        root / "solutions" / "02-collectives" / "02-collectives.ipynb",
+        "# 02 · Collectives\n## Ring all-reduce\ntext",
+        "### Exercise\n## All-gather",
+        "## Reduce-scatter",
+    )
+    order = [c.slug for c in in_course_order(load_deck(TEST_DECK), root=root)]
+    assert order == [
+        "arith-ring-steps",  # 02#ring-all-reduce, the first heading here
+        "arith-ring-volume",
+        "words-all-gather",
+        "words-reduce-scatter",
+        "arith-sqrt-two",  # 03, no notebook written: deck order
+        "words-zero",  # 06
+    ]
+    assert notebook_sections(root / "solutions" / "02-collectives" / "02-collectives.ipynb") == [
+        "02-collectives",
+        "ring-all-reduce",
+        "exercise",
+        "all-gather",
+        "reduce-scatter",
+    ]
+    assert section_anchor("DP vs DDP") == "dp-vs-ddp"
+    assert section_anchor("`torchrun`: one script") == "torchrun-one-script"
+
+
+def test_the_real_deck_starts_with_notebook_00_in_section_order():
+    session_cards = in_course_order(load_deck(default_deck_dir()))
+    folders = [NOTEBOOK_FOLDERS.index(c.notebook_folder) for c in session_cards]
+    assert folders == sorted(folders)
+    root = Path(__file__).resolve().parents[1]
+    first = "00-launching"
+    headings = notebook_sections(root / "solutions" / first / f"{first}.ipynb")
+    sections = [c.notebook.partition("#")[2] for c in session_cards if c.notebook_folder == first]
+    ranks = [headings.index(s) if s in headings else len(headings) for s in sections]
+    assert ranks == sorted(ranks) and session_cards[0].notebook_folder == first
+
+
+def test_up_to_keeps_the_notebooks_done_so_far(tmp_path, clock):
+    session = new_session(tmp_path / "r.db", clock, up_to="02")
+    assert {c.notebook_folder for c in session.cards} == {"02-collectives"}
+    assert len(new_session(tmp_path / "r.db", clock, up_to="3").cards) == 5
+    assert len(new_session(tmp_path / "r.db", clock, up_to="06-zero-and-fsdp").cards) == 6
+    with pytest.raises(ValueError, match="no card matches .*up_to='01'"):
+        new_session(tmp_path / "r.db", clock, up_to="01")
+    for bad in ("12", "3a", "-1", "07-tensor"):
+        with pytest.raises(
+            ValueError, match=rf"up_to \(--up-to\) must be a notebook number 0-11.*got '{bad}'"
+        ):
+            new_session(tmp_path / "r.db", clock, up_to=bad)
+    with pytest.raises(TypeError, match="up_to .--up-to. must be"):
+        new_session(tmp_path / "r.db", clock, up_to=3.0)

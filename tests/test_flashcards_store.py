@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -122,6 +123,32 @@ def test_default_location_is_overridable(tmp_path, monkeypatch):
     monkeypatch.setenv(store_module.DB_ENV_VAR, str(tmp_path / "mine.db"))
     assert default_db_path() == tmp_path / "mine.db"
     assert Store().path == tmp_path / "mine.db"
+
+
+def test_threads_share_one_store(tmp_path):
+    """A store built on one thread serves others (widget callbacks run off the main thread
+    in JupyterLab 4); concurrent reviews of one card serialise without a lost update."""
+    store = Store(tmp_path / "r.db")
+    errors: list[BaseException] = []
+
+    def review(n: int) -> None:
+        session = DrillSession(TEST_DECK, store, new_per_day=1000)
+        try:
+            for _ in range(n):
+                session.refresh()
+                session.rate(Rating.Again)
+        except BaseException as exc:  # noqa: BLE001 - reported on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=review, args=(15,)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert len(store.reviews()) == 45
+    assert_log_consistent(store)
+    assert store.integrity_check() == "ok"
 
 
 def test_two_processes_reviewing_at_once(tmp_path):

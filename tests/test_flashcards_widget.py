@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,15 +45,15 @@ def visible(w) -> bool:
 
 def test_question_then_answer_then_rating(widget):
     assert "New 6" in widget.progress.value and "reviewed today: 0" in widget.progress.value
-    assert "\\(n = 8\\)" in widget.question.value  # Markdown + math rendered for MathJax
+    # Markdown + math rendered for MathJax; the first new card is the course's first section
+    assert "<em>reduce-scatter</em>" in widget.question.value
+    assert "rank \\(r\\)" in widget.question.value
     assert widget.answer.value == ""
     assert visible(widget.show_button) and not visible(widget.ratings_box)
     assert widget.undo_button.disabled
 
     widget.show_button.click()
-    assert (
-        "<strong>7</strong>" in widget.answer.value and "\\(2(n-1) = 14\\)" in widget.answer.value
-    )
+    assert "Shard \\(r\\) of the element-wise sum" in widget.answer.value
     assert not visible(widget.show_button) and visible(widget.ratings_box)
     labels = [b.description for b in widget.rating_buttons.values()]
     assert labels[:3] == ["Again · 1m", "Hard · 6m", "Good · 10m"]
@@ -159,3 +160,45 @@ def test_drill_entry_point_is_lazy_and_uses_the_env_store(tmp_path, monkeypatch)
     assert w.session.store.path == tmp_path / "env.db"
     with pytest.raises(AttributeError):
         flashcards.not_a_name  # noqa: B018
+
+
+def click_on_another_thread(button) -> None:
+    """Click as JupyterLab 4 with ipykernel 7 does (comms over subshells): from a thread
+    that is not the one that built the widget and its store."""
+    errors = []
+
+    def click():
+        try:
+            button.click()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=click)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def test_buttons_work_from_another_thread(widget):
+    first = widget.session.current
+    click_on_another_thread(widget.show_button)
+    click_on_another_thread(widget.rating_buttons[Rating.Good])
+    assert widget.message.value == ""  # no error shown
+    assert [r.card_id for r in widget.session.store.reviews()] == [first.card_id]
+    assert "reviewed today: 1" in widget.progress.value
+    click_on_another_thread(widget.undo_button)
+    assert widget.session.store.reviews() == []
+
+
+def test_an_error_in_a_callback_is_shown_in_the_widget(widget, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk is full")
+
+    widget.show_button.click()
+    monkeypatch.setattr(widget.session, "rate", broken)
+    widget.rating_buttons[Rating.Good].click()
+    assert "RuntimeError: disk is full" in widget.message.value
+    assert "went wrong" in widget.message.value
+    assert widget.session.store.reviews() == []

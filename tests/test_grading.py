@@ -129,3 +129,75 @@ def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
     failures = {e["grade_id"]: e["failure"] for e in result["exercises"]}
     assert failures["test-bytes-per-parameter"] is None
     assert "NotImplementedError" in failures["test-accumulate-gradients"]
+    raisers = {e["grade_id"]: e["raised_in"] for e in result["exercises"]}
+    assert raisers["test-accumulate-gradients"] == "accumulate_gradients"  # the learner's stub
+    assert raisers["test-bytes-per-parameter"] is None
+
+
+def test_find_a_notebook_by_path_from_course_or_by_name(tmp_path, monkeypatch):
+    """`distlab grade` works from the terminal JupyterLab opens in course/ (issue 11)."""
+    monkeypatch.chdir(ROOT / "course")
+    readme_path = f"course/{ASSIGNMENT}/{ASSIGNMENT}.ipynb"
+    for given in (
+        readme_path,
+        f"{ASSIGNMENT}/{ASSIGNMENT}.ipynb",
+        ASSIGNMENT,
+        "01",
+        ASSIGNMENT + ".ipynb",
+    ):
+        assert grading.find_notebook(given).resolve() == RELEASED.resolve(), given
+    monkeypatch.chdir(tmp_path)
+    assert grading.find_notebook(readme_path).resolve() == RELEASED.resolve()
+    mine = tmp_path / f"{ASSIGNMENT}.ipynb"
+    mine.write_bytes(RELEASED.read_bytes())
+    assert grading.find_notebook(mine.name).resolve() == mine  # a file here wins over the course's
+    with pytest.raises(FileNotFoundError, match=r"no such notebook: 99 .*00-launching, 01-memory"):
+        grading.find_notebook("99")
+
+
+# What IPython (ipykernel 7) writes for an error raised two calls deep in notebook code,
+# and for a RankError from a function defined in a cell.
+NESTED_ERROR = {
+    "output_type": "error",
+    "ename": "NotImplementedError",
+    "evalue": "",
+    "traceback": [
+        "\x1b[31m----\x1b[39m",
+        "\x1b[31mNotImplementedError\x1b[39m   Traceback (most recent call last)",
+        "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[7]\x1b[39m\x1b[32m, line 2\x1b[39m\n----> 2 ddp = BucketDDP(model)\n",
+        "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[5]\x1b[39m\x1b[32m, line 9\x1b[39m, in \x1b[36mBucketDDP.__init__\x1b[39m\x1b[34m(self, model)\x1b[39m\n---> 9 self.buckets = assign_buckets(model)\n",
+        "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[4]\x1b[39m\x1b[32m, line 3\x1b[39m, in \x1b[36massign_buckets\x1b[39m\x1b[34m(params)\x1b[39m\n---> 3 raise NotImplementedError\n",
+        "\x1b[31mNotImplementedError\x1b[39m: ",
+    ],
+}
+RANK_ERROR = {
+    "output_type": "error",
+    "ename": "RankError",
+    "evalue": "rank 1 failed with ValueError; every rank was stopped.\n"
+    "--- traceback from rank 1 ---\nTraceback (most recent call last):\n"
+    '  File "/work/distlab/launch.py", line 183, in _run_job\n    result = fn(rank, world_size)\n'
+    '  File "/tmp/ipykernel_15174/2560317363.py", line 4, in two_level\n'
+    '  File "/work/distlab/collectives/api.py", line 40, in all_reduce\nValueError: boom',
+    "traceback": [
+        "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[3]\x1b[39m\x1b[32m, line 6\x1b[39m\n",
+        "\x1b[36mFile \x1b[39m\x1b[32m/work/distlab/launch.py:383\x1b[39m, in \x1b[36mrun\x1b[39m\x1b[34m(fn)\x1b[39m\n",
+    ],
+}
+
+
+def test_the_report_names_the_function_that_raised():
+    assert grading.raised_in([NESTED_ERROR]) == "assign_buckets"
+    assert grading.raised_in([RANK_ERROR]) == "two_level"
+    in_the_test = {**NESTED_ERROR, "traceback": NESTED_ERROR["traceback"][:3]}
+    assert grading.raised_in([in_the_test]) is None  # the test cell's own assertion
+    exercise = grading.ExerciseScore(
+        "b", "DDP hooks", 0, 4, "NotImplementedError", f"{ASSIGNMENT}#backprop", "assign_buckets"
+    )
+    report = grading.format_report(grading.NotebookGrade(ASSIGNMENT, ASSIGNMENT, [exercise]))
+    assert re.search(r"NotImplementedError\n\s+raised in assign_buckets\(\)", report)
+
+
+def test_card_counts_are_singular_or_plural(monkeypatch):
+    monkeypatch.setattr(grading, "flashcard_suggestions", lambda grade: [("a#b", 1), ("a#c", 2)])
+    report = grading.format_report(grading.NotebookGrade(ASSIGNMENT, ASSIGNMENT, []))
+    assert "a#b   (1 card)" in report and "a#c   (2 cards)" in report

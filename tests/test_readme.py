@@ -1,5 +1,7 @@
 """The README's code runs: the notebook-cell example, train.py under torchrun, the shell tour."""
 
+import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -72,14 +74,41 @@ TOUR = [line for line in code_blocks("bash")[-1].splitlines() if line and not li
 
 
 @pytest.mark.parametrize("command", TOUR)
-def test_shell_tour_commands_run(command):
+def test_shell_tour_commands_run(command, tmp_path):
+    """Each command runs; none writes to the user data folder (tests/conftest.py points the
+    flashcards store at a temporary file; the user data folder is moved here to check)."""
     program, *args = shlex.split(command)
+    user_data = tmp_path / "user-data"
     result = subprocess.run(
         [sys.executable, "-m", f"{program}.cli", *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env={**os.environ, "XDG_DATA_HOME": str(user_data)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()
+    assert not user_data.exists(), sorted(str(p) for p in user_data.rglob("*"))
+
+
+def test_the_course_run_time_promise_is_what_the_benchmark_checks(monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "course_runtime", Path(__file__).parent.parent / "benchmarks" / "course_runtime.py"
+    )
+    benchmark = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, benchmark)  # dataclasses look their module up
+    spec.loader.exec_module(benchmark)
+    promise = re.search(
+        r"Each notebook runs in under (\d+) s on 2 cores, with its kernel and worker processes"
+        r" together\s+under (\d+(?:\.\d+)?) GB of memory",
+        README,
+    )
+    assert promise, "the README no longer states the run-time and memory bars"
+    assert float(promise[1]) == benchmark.TIME_BAR_S
+    assert float(promise[2]) * 1e9 == benchmark.MEMORY_BAR_BYTES
+    run = benchmark.NotebookRun("x", benchmark.TIME_BAR_S - 1, 10**9, cells=3, errors=0)
+    assert benchmark.meets_bars(run)
+    assert not benchmark.meets_bars(benchmark.NotebookRun("x", benchmark.TIME_BAR_S, 1, 3, 0))
+    assert not benchmark.meets_bars(benchmark.NotebookRun("x", 1, 10**9, cells=3, errors=1))
+    assert benchmark.meets_bars(benchmark.NotebookRun("x", 1, 10**9, 3, 1), expect_errors=True)
