@@ -35,8 +35,9 @@ from typing import Self
 
 import nbformat
 import psutil
-from _progress import progress_bar
 from nbclient import NotebookClient
+
+from distlab.progress import progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_BAR_S = 90.0
@@ -137,10 +138,9 @@ def main() -> int:
     print(f"{'notebook':<24} {'time s':>8} {'peak MB':>9} {'cells':>6} {'errors':>7}  bars")
     runs = []
     paths = [path for name in names for path in sorted((folder / name).glob("*.ipynb"))]
-    with progress_bar() as bar:
-        task = bar.add_task("notebooks", total=len(paths))
+    with progress_bar("notebooks", total=len(paths)) as bar:
         for path in paths:
-            bar.update(task, description=path.stem)
+            bar.step(path.stem)
             run = run_notebook(path, args.timeout)
             runs.append(run)
             ok = meets_bars(run, expect_errors=args.released)
@@ -149,7 +149,7 @@ def main() -> int:
                 f"{run.errors:7d}  {'ok' if ok else 'OVER'}",
                 flush=True,
             )
-            bar.advance(task)
+            bar.advance()
     total = sum(r.seconds for r in runs)
     peak = max((r.peak_bytes for r in runs), default=0)
     print(f"{'total':<24} {total:8.1f} {peak / 1e6:9.0f}")

@@ -10,9 +10,8 @@ warm worker pool (target: well under a second each).
 import statistics
 import time
 
-from _progress import progress_bar
-
 import distlab
+from distlab.progress import progress_bar
 
 
 def noop(rank, world_size):
@@ -21,22 +20,21 @@ def noop(rank, world_size):
 
 def main() -> None:
     print(f"{'ranks':>5} {'cold launch (s)':>16} {'warm median (s)':>16} {'warm max (s)':>13}")
-    with progress_bar() as bar:
-        task = bar.add_task("launches", total=2 * 7)
+    with progress_bar("launches", total=2 * 7) as bar:
         for n in (2, 4):
-            bar.update(task, description=f"{n} ranks")
+            bar.step(f"{n} ranks")
             distlab.shutdown()
             start = time.perf_counter()
             distlab.run(noop, n, warm=False)
             cold = time.perf_counter() - start
             distlab.run(noop, n)  # fills the pool
-            bar.advance(task, 2)
+            bar.advance(2)
             warm = []
             for _ in range(5):
                 start = time.perf_counter()
                 assert distlab.run(noop, n) == list(range(n))
                 warm.append(time.perf_counter() - start)
-                bar.advance(task)
+                bar.advance()
             print(f"{n:>5} {cold:>16.2f} {statistics.median(warm):>16.3f} {max(warm):>13.3f}")
 
 

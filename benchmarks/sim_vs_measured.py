@@ -22,9 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from _progress import progress_bar
-
 from distlab.calc.units import format_size
+from distlab.progress import progress_bar
 from distlab.sim.fit import compare, fit_alpha_beta, load_records, record_model, select
 
 #: distlab bench runs hierarchical_all_reduce with this many ranks per node (see bench.py).
@@ -41,15 +40,14 @@ def measure(args: argparse.Namespace) -> list[dict]:
     records: list[dict] = []
     collectives = args.collectives.split(",")
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
-    with progress_bar() as bar:
-        task = bar.add_task("bench", total=len(collectives) * len(world_sizes) * args.repeat)
+    with progress_bar("bench", total=len(collectives) * len(world_sizes) * args.repeat) as bar:
         for collective in collectives:
             for n in world_sizes:
                 best: dict[tuple, dict] = {}
                 for attempt in range(args.repeat):
                     what = f"measuring {collective} on {n} ranks, run {attempt + 1}"
-                    bar.update(task, description=what)
-                    if bar.disable:  # no bar (not a terminal): say it in the log instead
+                    bar.step(what)
+                    if not bar.shown:  # no bar (not a terminal): say it in the log instead
                         print(what, file=sys.stderr, flush=True)
                     for r in run_bench(
                         world_sizes=[n],
@@ -60,7 +58,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                         key = (r["algorithm"], r["bytes"])
                         if key not in best or r["time_s"] < best[key]["time_s"]:
                             best[key] = r
-                    bar.advance(task)
+                    bar.advance()
                 records += best.values()
                 if args.save:
                     Path(args.save).write_text(json.dumps(records, indent=1))

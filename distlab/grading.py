@@ -353,7 +353,10 @@ def edited_test_cells(notebook_path: str | os.PathLike) -> list[str]:
 
 
 def grade_notebook(
-    notebook_path: str | os.PathLike, root: str | None = None, keep: str | None = None
+    notebook_path: str | os.PathLike,
+    root: str | None = None,
+    keep: str | None = None,
+    progress: bool = False,
 ) -> NotebookGrade:
     """Autograde one learner notebook in a temporary course directory.
 
@@ -361,20 +364,33 @@ def grade_notebook(
 
     ``keep``: a folder to build the course directory in (kept afterwards, for
     inspecting the autograded notebook); default a temporary one, deleted.
+
+    ``progress=True`` shows a progress bar on stderr (on a terminal only) while nbgrader
+    builds the course directory and runs the notebook.
     """
+    from distlab.progress import progress_bar
+
     notebook_path = find_notebook(notebook_path, root)
     assignment, notebook = identify(notebook_path, root)
     edited = edited_test_cells(notebook_path)
-    with tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp,
+        progress_bar(f"grading {notebook}", total=3, enabled=progress) as bar,
+    ):
         course_dir = Path(keep) if keep else Path(tmp)
         course_dir.mkdir(parents=True, exist_ok=True)
+        bar.step("building a course directory (nbgrader generate_assignment)")
         prepare_course(course_dir, [assignment], root)
+        bar.advance()
         learner = Path(tmp) / "upload" / f"{notebook}.ipynb"
         learner.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(notebook_path, learner)
         submit(course_dir, DEFAULT_STUDENT, assignment, learner)
+        bar.advance()
+        bar.step(f"running {notebook} and its tests (nbgrader autograde)")
         autograde(course_dir, assignment, DEFAULT_STUDENT)
         grade = read_grade(course_dir, DEFAULT_STUDENT, assignment, notebook)
+        bar.advance()
     grade.edited_test_cells = edited
     return grade
 
@@ -447,7 +463,7 @@ def register(subparsers) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     try:
-        grade = grade_notebook(args.notebook, args.course_root, args.keep)
+        grade = grade_notebook(args.notebook, args.course_root, args.keep, progress=not args.json)
     except FileNotFoundError as exc:
         raise ValueError(str(exc)) from None
     if args.json:

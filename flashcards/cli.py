@@ -262,7 +262,8 @@ def cmd_export_anki(args: argparse.Namespace, console: Console) -> int:
 
     cards = _selected(args)
     path = export_apkg(cards, args.path)
-    console.print(f"wrote {len(cards)} notes to {path}")
+    notes = len({card.note for card in cards})  # a cloze note holds several cards
+    console.print(f"wrote {notes} notes ({len(cards)} cards) to {path}")
     return 0
 
 

@@ -18,6 +18,7 @@ ZeRO-3 3Ψ: 1.5 times DDP).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from distlab.sim.cost import (

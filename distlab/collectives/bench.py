@@ -214,6 +214,7 @@ def run_bench(
     one tick per (world size, collective, algorithm).
     """
     from distlab.launch import run
+    from distlab.progress import progress_bar
 
     positive_int("ranks_per_node", ranks_per_node)
     if iters is not None:
@@ -221,12 +222,13 @@ def run_bench(
     plan = _plan(list(world_sizes), list(collectives), list(algorithms or []), ranks_per_node)
     _check_memory(list(sizes), max(world_sizes, default=1), backend)
     records = []
-    with _progress_bar(progress, len(plan)) as advance:
+    with progress_bar("distlab bench", total=len(plan), enabled=progress) as bar:
         for n, collective, algorithm in plan:
+            bar.step(f"{collective} {algorithm}, {n} ranks")
             args = (collective, algorithm, list(sizes), dtype, iters, backend, ranks_per_node)
             results = run(_bench_worker, n, backend=backend, timeout=1800, args=args)
             records.extend(results[0])
-            advance(f"{collective} {algorithm}, {n} ranks")
+            bar.advance()
     return records
 
 
@@ -240,28 +242,6 @@ def _check_memory(sizes: list[int], n: int, backend: str) -> None:
             f"size {format_size(max(sizes))} on {n} ranks needs about {format_size(3 * n * max(sizes))}"
             f" of memory; this machine has {format_size(memory)}: choose smaller --sizes"
         )
-
-
-class _progress_bar:
-    """A rich progress bar on stderr when ``enabled``; a no-op otherwise (pipes, tests)."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total, self.progress = enabled, total, None
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda description: None
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self.progress = Progress(console=Console(file=sys.stderr), transient=True)
-        self.progress.start()
-        task = self.progress.add_task("distlab bench", total=self.total)
-        return lambda description: self.progress.update(task, advance=1, description=description)
-
-    def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.stop()
 
 
 def print_table(records: list[dict], file=sys.stdout) -> None:
