@@ -23,10 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from distlab.sim.topology import ClusterSpec, cluster_from_dict, load_cluster, preset
-
-#: Route kinds, in :meth:`ClusterSpec.route`'s names; ``EdgeCosts.kind`` holds indices into this.
-ROUTE_KINDS = ("local", "nvlink", "pcie", "pcie-far", "bus", "network")
+from distlab.sim.topology import (
+    ROUTE_KINDS,
+    ClusterSpec,
+    cluster_from_dict,
+    load_cluster,
+    nic_index,
+    preset,
+    route_kinds,
+)
 
 
 def resolve_cluster(
@@ -112,26 +117,14 @@ def edge_costs(cluster: ClusterSpec, src: np.ndarray, dst: np.ndarray) -> EdgeCo
             f"GPU ids must be in 0..{cluster.world_size - 1} for cluster {cluster.name!r}"
         )
     node_s, node_d = src // g, dst // g
-    same_node = node_s == node_d
-    kind = np.full(src.shape, ROUTE_KINDS.index("network"))
-    if cluster.intra_kind == "switch":
-        dom = cluster.nvlink_domain_nodes
-        kind[(node_s // dom) == (node_d // dom)] = ROUTE_KINDS.index("nvlink")
-    elif cluster.intra_kind == "bus":
-        kind[same_node] = ROUTE_KINDS.index("bus")
-    else:
-        per_switch = cluster.gpus_per_pcie_switch
-        near = (src % g) // per_switch == (dst % g) // per_switch
-        kind[same_node & near] = ROUTE_KINDS.index("pcie")
-        kind[same_node & ~near] = ROUTE_KINDS.index("pcie-far")
-    kind[src == dst] = ROUTE_KINDS.index("local")
+    kind = route_kinds(cluster, src, dst)  # the one "which link" rule, shared with route()
 
     alpha = np.zeros(src.shape)
     bandwidth = np.full(src.shape, np.inf)
     # each entry: (mask of messages, their link, port ids whose load divides the bandwidth)
     nics = cluster.nics_per_node
-    nic_s = node_s * nics + np.minimum((src % g) * nics // g, nics - 1)
-    nic_d = node_d * nics + np.minimum((dst % g) * nics // g, nics - 1)
+    nic_s = node_s * nics + nic_index(cluster, src)
+    nic_d = node_d * nics + nic_index(cluster, dst)
     for name, link, ports in (
         ("nvlink", cluster.intra, [src, dst + cluster.world_size]),
         ("pcie", cluster.intra, [src, dst + cluster.world_size]),

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 GB = 1e9
 
 
@@ -198,8 +200,7 @@ class ClusterSpec:
         ``i``; with fewer NICs, ``gpus_per_node / nics_per_node`` neighbours share one.
         """
         self._check_gpu(gpu)
-        local = gpu % self.gpus_per_node
-        return min(local * self.nics_per_node // self.gpus_per_node, self.nics_per_node - 1)
+        return int(nic_index(self, np.asarray(gpu)))
 
     # -- which link a message uses -----------------------------------------
 
@@ -224,28 +225,72 @@ class ClusterSpec:
         """
         self._check_gpu(src)
         self._check_gpu(dst)
-        if src == dst:
-            return Route("local", 0.0, ())
+        kind = ROUTE_KINDS[int(route_kinds(self, np.asarray(src), np.asarray(dst)))]
         node_s, node_d = src // self.gpus_per_node, dst // self.gpus_per_node
-        if self.intra_kind == "switch" and self.nvlink_domain_of(src) == self.nvlink_domain_of(dst):
+        if kind == "local":
+            return Route("local", 0.0, ())
+        if kind == "nvlink":
             bw = self.intra.bandwidth
             return Route("nvlink", self.intra.alpha, ((f"gpu{src} out", bw), (f"gpu{dst} in", bw)))
-        if node_s != node_d or self.intra_kind == "switch":
+        if kind == "network":
             bw = self.inter.bandwidth
             out = f"node{node_s} nic{self.nic_of(src)} out"
             into = f"node{node_d} nic{self.nic_of(dst)} in"
             return Route("network", self.inter.alpha, ((out, bw), (into, bw)))
-        if self.intra_kind == "bus":
+        if kind == "bus":
             return Route("bus", self.intra.alpha, ((f"node{node_s} bus", self.intra.bandwidth),))
         bw = self.intra.bandwidth
         ends = ((f"gpu{src} pcie out", bw), (f"gpu{dst} pcie in", bw))
-        sw_s, sw_d = self.pcie_switch_of(src), self.pcie_switch_of(dst)
-        if sw_s == sw_d:
+        if kind == "pcie":
             return Route("pcie", self.intra.alpha, ends)
+        sw_s, sw_d = self.pcie_switch_of(src), self.pcie_switch_of(dst)
         far = self.far_intra
         assert far is not None  # checked in __post_init__
         cross = (f"node{node_s} pcie-switch{sw_s}->switch{sw_d}", far.bandwidth)
         return Route("pcie-far", far.alpha, (ends[0], cross, ends[1]))
+
+
+#: The paths a message can take, as :meth:`ClusterSpec.route` names them;
+#: :func:`route_kinds` returns indices into this tuple.
+ROUTE_KINDS = ("local", "nvlink", "pcie", "pcie-far", "bus", "network")
+
+
+def route_kinds(cluster: ClusterSpec, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Which path each message ``src[i] -> dst[i]`` takes, as indices into :data:`ROUTE_KINDS`.
+
+    The one rule for "which link", used by :meth:`ClusterSpec.route` (one message) and by
+    :func:`distlab.placement.cluster.edge_costs` (a whole job's messages at once):
+
+    * same GPU: ``local``;
+    * NVSwitch clusters: ``nvlink`` inside an NVLink domain, else ``network``;
+    * a shared bus: ``bus`` inside a node, else ``network``;
+    * PCIe boxes: ``pcie`` under one PCIe switch, ``pcie-far`` across two switches of a
+      node, else ``network``.
+    """
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    g = cluster.gpus_per_node
+    node_s, node_d = src // g, dst // g
+    same_node = node_s == node_d
+    kind = np.full(src.shape, ROUTE_KINDS.index("network"))
+    if cluster.intra_kind == "switch":
+        domain = cluster.nvlink_domain_gpus
+        kind[src // domain == dst // domain] = ROUTE_KINDS.index("nvlink")
+    elif cluster.intra_kind == "bus":
+        kind[same_node] = ROUTE_KINDS.index("bus")
+    else:
+        per_switch = cluster.gpus_per_pcie_switch
+        near = (src % g) // per_switch == (dst % g) // per_switch
+        kind[same_node & near] = ROUTE_KINDS.index("pcie")
+        kind[same_node & ~near] = ROUTE_KINDS.index("pcie-far")
+    kind[src == dst] = ROUTE_KINDS.index("local")
+    return kind
+
+
+def nic_index(cluster: ClusterSpec, gpus: np.ndarray) -> np.ndarray:
+    """The NIC of the node each GPU sends through (see :meth:`ClusterSpec.nic_of`)."""
+    local = np.asarray(gpus, dtype=np.int64) % cluster.gpus_per_node
+    nics = cluster.nics_per_node
+    return np.minimum(local * nics // cluster.gpus_per_node, nics - 1)
 
 
 def group_link(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> Link | None:
