@@ -23,4 +23,39 @@ module                 what it draws
 
 Import a module to use it (``from distlab.viz import sim_plots``); importing this
 package alone does not import matplotlib.
+
+A figure made without pyplot has no inline backend to draw it: in IPython (a notebook
+kernel), :func:`show_figures_inline` registers the PNG formatter for
+:class:`~matplotlib.figure.Figure` by name, so a figure that is a cell's value, or passed
+to ``display``, renders as an image and not as ``<Figure size ...>``. It runs when this
+package is imported.
 """
+
+from __future__ import annotations
+
+
+def show_figures_inline() -> bool:
+    """Draw :class:`~matplotlib.figure.Figure` values as PNG in the running IPython kernel.
+
+    Registered by type name (``matplotlib.figure.Figure``), so matplotlib is imported only
+    when a figure is first shown. Returns False outside IPython (nothing to do). An inline
+    backend set up later (``%matplotlib inline``, ``import matplotlib.pyplot``) registers
+    its own formatter for the same type, which then takes over.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    from IPython.core.pylabtools import print_figure
+
+    png = shell.display_formatter.formatters["image/png"]
+    png.for_type_by_name(
+        "matplotlib.figure", "Figure", lambda fig: print_figure(fig, "png", bbox_inches="tight")
+    )
+    return True
+
+
+show_figures_inline()
