@@ -40,8 +40,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 GB = 1e9
 
 
@@ -200,7 +198,7 @@ class ClusterSpec:
         ``i``; with fewer NICs, ``gpus_per_node / nics_per_node`` neighbours share one.
         """
         self._check_gpu(gpu)
-        return int(nic_index(self, np.asarray(gpu)))
+        return int(nic_index(self, gpu))
 
     # -- which link a message uses -----------------------------------------
 
@@ -225,7 +223,7 @@ class ClusterSpec:
         """
         self._check_gpu(src)
         self._check_gpu(dst)
-        kind = ROUTE_KINDS[int(route_kinds(self, np.asarray(src), np.asarray(dst)))]
+        kind = ROUTE_KINDS[int(route_kinds(self, src, dst))]
         node_s, node_d = src // self.gpus_per_node, dst // self.gpus_per_node
         if kind == "local":
             return Route("local", 0.0, ())
@@ -255,7 +253,7 @@ class ClusterSpec:
 ROUTE_KINDS = ("local", "nvlink", "pcie", "pcie-far", "bus", "network")
 
 
-def route_kinds(cluster: ClusterSpec, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def route_kinds(cluster: ClusterSpec, src, dst):
     """Which path each message ``src[i] -> dst[i]`` takes, as indices into :data:`ROUTE_KINDS`.
 
     The one rule for "which link", used by :meth:`ClusterSpec.route` (one message) and by
@@ -266,7 +264,12 @@ def route_kinds(cluster: ClusterSpec, src: np.ndarray, dst: np.ndarray) -> np.nd
     * a shared bus: ``bus`` inside a node, else ``network``;
     * PCIe boxes: ``pcie`` under one PCIe switch, ``pcie-far`` across two switches of a
       node, else ``network``.
+
+    ``src`` and ``dst`` are GPU ids or numpy arrays of them; returns an integer array.
+    (numpy is imported here, not at the top, so that ``distlab.calc`` stays numpy-free.)
     """
+    import numpy as np
+
     src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
     g = cluster.gpus_per_node
     node_s, node_d = src // g, dst // g
@@ -286,8 +289,10 @@ def route_kinds(cluster: ClusterSpec, src: np.ndarray, dst: np.ndarray) -> np.nd
     return kind
 
 
-def nic_index(cluster: ClusterSpec, gpus: np.ndarray) -> np.ndarray:
+def nic_index(cluster: ClusterSpec, gpus):
     """The NIC of the node each GPU sends through (see :meth:`ClusterSpec.nic_of`)."""
+    import numpy as np
+
     local = np.asarray(gpus, dtype=np.int64) % cluster.gpus_per_node
     nics = cluster.nics_per_node
     return np.minimum(local * nics // cluster.gpus_per_node, nics - 1)
