@@ -37,6 +37,7 @@ a sleep is neither (it uses no core).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -91,23 +92,33 @@ def run_pipeline(
     targets: torch.Tensor,
     *,
     fixed_cost: dict[str, float] | None = None,
+    stage_ranks: Sequence[int] | None = None,
 ) -> RankRun:
     """Run this rank's actions of ``schedule`` for one step on the whole batch
     ``inputs``/``targets`` (cut into ``schedule.micro_batches`` micro-batches).
-    Gradients accumulate into the stage's parameters; step the optimizer after."""
+    Gradients accumulate into the stage's parameters; step the optimizer after.
+
+    ``stage_ranks``: the global ranks of the pipeline's stages, in stage order
+    (``mesh.ranks("pp")`` in a 3D job); the default is the whole job, stage r
+    on rank r. ``stage.rank`` is this rank's index in that list."""
     check(schedule)  # raises ScheduleError naming the rank and action
     m = schedule.micro_batches
     if inputs.shape[0] % m or inputs.shape[0] < m:
         raise ValueError(f"batch of {inputs.shape[0]} cannot be cut into m={m} equal micro-batches")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if schedule.stages != world or schedule.chunks != stage.num_chunks or stage.rank != rank:
+    me = dist.get_rank()
+    peers = list(range(dist.get_world_size())) if stage_ranks is None else list(stage_ranks)
+    if me not in peers:
+        raise ValueError(f"rank {me} is not in the pipeline's stage_ranks {peers}")
+    rank = peers.index(me)
+    if schedule.stages != len(peers) or schedule.chunks != stage.num_chunks or stage.rank != rank:
         raise ValueError(
-            f"rank {rank}: schedule has {schedule.stages} ranks x {schedule.chunks} chunks, "
-            f"the job {world} ranks, the stage is rank {stage.rank} with {stage.num_chunks} chunks"
+            f"rank {me}: schedule has {schedule.stages} stages x {schedule.chunks} chunks, "
+            f"the pipeline {len(peers)} ranks {peers}, this rank is stage {rank}, "
+            f"the stage says stage {stage.rank} with {stage.num_chunks} chunks"
         )
     # each micro-batch a copy of its own, so the bytes autograd saves for it are its own
     micro_inputs = [t.clone() for t in inputs.chunk(m)]
-    runner = _Runner(schedule, stage, micro_inputs, targets.chunk(m), fixed_cost or {})
+    runner = _Runner(schedule, stage, micro_inputs, targets.chunk(m), fixed_cost or {}, peers)
     for action in with_communication(schedule).ranks[rank]:
         try:
             runner.do(action)
@@ -134,8 +145,8 @@ _WHAT = {
 class _Runner:
     """One rank's state during a step: stashed activations, received tensors, open sends."""
 
-    def __init__(self, schedule, stage, inputs, targets, fixed_cost) -> None:
-        self.schedule, self.stage = schedule, stage
+    def __init__(self, schedule, stage, inputs, targets, fixed_cost, peers) -> None:
+        self.schedule, self.stage, self.peers = schedule, stage, peers
         self.inputs, self.targets = inputs, targets
         self.m, self.v = schedule.micro_batches, schedule.chunks
         self.sleep = {k: s / self.v for k, s in fixed_cost.items()}
@@ -161,12 +172,12 @@ class _Runner:
         header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
         header[0], header[1] = tensor.dim(), _DTYPES.index(tensor.dtype)
         header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
-        peer = self.schedule.rank_of(to_stage)
+        peer = self.peers[self.schedule.rank_of(to_stage)]
         self.sends += [dist.isend(header, peer, tag=tag), dist.isend(tensor, peer, tag=tag + 1)]
         self.sent += [header, tensor]
 
     def _recv(self, from_stage: int, tag: int) -> torch.Tensor:
-        peer = self.schedule.rank_of(from_stage)
+        peer = self.peers[self.schedule.rank_of(from_stage)]
         header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
         dist.recv(header, peer, tag=tag)
         ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
@@ -276,8 +287,8 @@ class _Runner:
         )
 
     def _sum_tied_gradients(self) -> None:
-        """Ranks 0 and p - 1 add each other's part of a shared weight's gradient."""
-        peer = self.stage.tied_peer
+        """Stages 0 and p - 1 add each other's part of a shared weight's gradient."""
+        peer = None if self.stage.tied_peer is None else self.peers[self.stage.tied_peer]
         for p in self.stage.tied:
             mine = p.grad if p.grad is not None else torch.zeros_like(p)
             theirs = torch.empty_like(mine)
