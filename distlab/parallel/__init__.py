@@ -23,6 +23,7 @@ One idea per module, each short enough to read top to bottom:
 ``context``         context parallelism: ring attention, zig-zag split
 ``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
 ``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name
+``three_d``         :func:`train_3d`: the tiny GPT with TP x PP x DP on one mesh
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
