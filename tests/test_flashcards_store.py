@@ -200,7 +200,11 @@ def test_kill_mid_review_loses_at_most_that_review(tmp_path):
             committed.append(int(line))
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
+        # read through proc.stdout, not communicate(): readline() may already hold the next
+        # ids in its buffer, and communicate() reads the pipe behind that buffer's back
+        out = proc.stdout.read()
+        proc.stderr.read()
+        proc.wait(timeout=30)
     committed += [int(line) for line in out.split()]
     assert proc.returncode == -signal.SIGKILL
     store = Store(db)
