@@ -573,7 +573,8 @@ def _receive(worker: _Worker):
 def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> RankError:
     """When one rank fails, its peers soon fail too ("connection closed by peer"), or fail
     on their own. Collect what arrives within a moment, say what each rank did, and blame
-    the earliest rank that failed on its own (else the earliest to fail)."""
+    the earliest rank that failed on its own; else a rank whose process died (its peers then
+    fail only because it is gone); else the earliest to fail."""
     grace = time.monotonic() + 0.5
     while time.monotonic() < grace:
         waiting = {w.conn: r for r, w in enumerate(workers) if r not in failures.keys() | finished}
@@ -586,13 +587,14 @@ def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> R
     outcomes = tuple(_outcome(r, failures.get(r), r in finished) for r in range(len(workers)))
     raised = {r: m for r, m in failures.items() if isinstance(m, Failure)}
     own = {r: m for r, m in raised.items() if not m.peer_failed}
-    if own or raised:
+    died = [r for r, m in failures.items() if isinstance(m, _Died)]
+    if own or (raised and not died):
         candidates = own or raised
         first = min(candidates, key=lambda r: candidates[r].failed_at)
         message = candidates[first]
         tb, exc_type = message.traceback, message.exc_type
-    else:  # only processes that died
-        first = min(failures)
+    else:  # a process died: the peers' errors are only the echo of its going
+        first = min(died)
         tb = (
             f"process exited with code {failures[first].exit_code} before returning a result "
             "(killed, out of memory, or a crash in native code)"

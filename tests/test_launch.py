@@ -125,6 +125,26 @@ def test_a_rank_that_dies_without_an_exception_is_reported():
         distlab.run(_exits_hard, 2, timeout=60)
 
 
+def _dies_while_its_peer_waits_in_an_all_reduce(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(0.3)
+        os._exit(1)
+    dist.all_reduce(torch.ones(4))  # rank 0 then fails only because rank 1 is gone
+
+
+def test_a_dead_rank_is_blamed_not_the_peer_whose_collective_broke():
+    with pytest.raises(distlab.RankError) as info:
+        distlab.run(_dies_while_its_peer_waits_in_an_all_reduce, 2, timeout=60)
+    error = info.value
+    assert error.rank == 1 and error.exc_type == "ProcessDied", (error.rank, error.exc_type)
+    statuses = {o.rank: o.status for o in error.outcomes}
+    assert statuses[1] == launch.DIED
+    assert statuses[0] in (launch.PEER_FAILED, launch.STOPPED)
+
+
 def test_cold_run_leaves_no_processes():
     before = _children()
     distlab.run(_rank_and_sum, 2, args=(0,), warm=False)
