@@ -105,3 +105,49 @@ def test_narayanan_training_time():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_elementwise_traffic_fused_and_unfused():
+    # c = relu(a * b): unfused, a*b is written and read back (5 tensor passes in 2
+    # kernels); fused, a and b are read and c written (3 passes in 1 kernel).
+    n = 1 << 20
+    unfused = flops.elementwise_traffic(n, [(2, 1), (1, 1)])
+    fused = flops.elementwise_traffic(n, [(2, 1)])
+    assert unfused.total == 5 * 4 * n and unfused.kernels == 2
+    assert fused.total == 3 * 4 * n and fused.kernels == 1
+    assert (unfused.read_bytes, unfused.written_bytes) == (3 * 4 * n, 2 * 4 * n)
+    assert flops.elementwise_traffic(n, [(1, 1)], bytes_per_element=2).total == 4 * n
+
+
+def test_roofline():
+    # A100: 312 TFLOP/s over 2,039 GB/s, a ridge at about 153 FLOPs per byte.
+    assert flops.ridge_point(peak_flops=312e12, bandwidth=2039e9) == pytest.approx(153.0, rel=1e-3)
+    n = 1 << 24
+    traffic = flops.elementwise_traffic(n, [(2, 1)]).total  # an fp32 add: 1 FLOP per 12 bytes
+    assert flops.arithmetic_intensity(flops=n, n_bytes=traffic) == pytest.approx(1 / 12)
+    memory_bound = flops.roofline_time(flops=n, n_bytes=traffic, peak_flops=312e12, bandwidth=2e12)
+    assert memory_bound == traffic / 2e12
+    # a square fp16 matmul of side 8192 is compute-bound: 2 m^3 FLOPs over 3 m^2 x 2 bytes
+    m = 8192
+    compute_bound = flops.roofline_time(
+        flops=2 * m**3, n_bytes=6 * m * m, peak_flops=312e12, bandwidth=2e12
+    )
+    assert compute_bound == 2 * m**3 / 312e12
+    assert flops.roofline_time(flops=0, n_bytes=8, peak_flops=1, bandwidth=4) == 2
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: flops.elementwise_traffic(0, [(1, 1)]), "numel"),
+        (lambda: flops.elementwise_traffic(8, []), "at least one"),
+        (lambda: flops.elementwise_traffic(8, [(1, -1)]), r"\(1, -1\)"),
+        (lambda: flops.elementwise_traffic(8, [(1, 1, 1)]), "pair"),
+        (lambda: flops.arithmetic_intensity(flops=1, n_bytes=0), "n_bytes"),
+        (lambda: flops.roofline_time(flops=-1, n_bytes=1, peak_flops=1, bandwidth=1), "flops"),
+        (lambda: flops.ridge_point(peak_flops=1, bandwidth=0), "bandwidth"),
+    ],
+)
+def test_traffic_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -61,3 +61,16 @@ def test_units():
 def test_bad_input(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_straggler_probability():
+    # Dean and Barroso 2013: 1 slow response in 100 per server, a request fanned out to
+    # 100 servers is slow 63% of the time.
+    assert scaling.straggler_probability(0.01, 100) == pytest.approx(0.634, abs=1e-3)
+    assert scaling.straggler_probability(0.01, 1) == pytest.approx(0.01)
+    assert scaling.straggler_probability(0.0, 10_000) == 0.0
+    assert (
+        scaling.straggler_probability(1e-4, 10_000) > 0.63 > scaling.straggler_probability(1e-4, 10)
+    )
+    with pytest.raises(ValueError, match="p_slow"):
+        scaling.straggler_probability(1.5, 8)

@@ -56,3 +56,14 @@ def test_dgx_presets_match_the_systems(system, name):
     assert cluster.nics_per_node == system.compute_nics
     assert cluster.intra.bandwidth == system.nvlink.bandwidth
     assert cluster.inter.bandwidth == system.nic.bandwidth
+
+
+@pytest.mark.parametrize(
+    ("memory", "name"), [(hardware.HBM_A100, "dgx-a100"), (hardware.HBM_H100, "dgx-h100")]
+)
+def test_hbm_matches_the_preset_gpus(memory, name):
+    """The HBM figures describe the GPUs of the presets (same capacity), and a GPU moves
+    far fewer bytes per second than it does FLOPs: the ridge point is well above 100."""
+    cluster = preset(name)
+    assert memory.capacity == cluster.gpu_memory_bytes
+    assert cluster.gpu_peak_flops / memory.bandwidth > 100

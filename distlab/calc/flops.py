@@ -19,9 +19,20 @@ Two ways of counting the FLOPs of a training step, both in use:
 MFU (model FLOPs utilisation; Chowdhery et al. 2022, "PaLM", Appendix B) is
 the model FLOPs without recomputation divided by what the GPUs could do in
 the step time; with the recomputed FLOPs it is HFU (hardware FLOPs utilisation).
+
+Bytes moved, for the operations that FLOPs do not limit: an elementwise kernel
+reads each input tensor and writes each output once, so a chain of them costs
+the sum over kernels and a fused kernel only its outside inputs and outputs
+(:func:`elementwise_traffic`). The roofline model (Williams, Waterman and
+Patterson 2009, "Roofline: An Insightful Visual Performance Model for
+Multicore Architectures", CACM 52(4)) bounds a kernel's time by
+max(FLOPs / peak FLOP/s, bytes / memory bandwidth) (:func:`roofline_time`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ._validate import choice, fraction, positive, positive_int
 
@@ -143,4 +154,69 @@ def training_time(
         * positive("n_params", n_params)
         * positive("tokens", tokens)
         / (positive_int("n_gpus", n_gpus) * positive("flops_per_gpu", flops_per_gpu))
+    )
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Memory traffic of a sequence of kernels, in bytes."""
+
+    read_bytes: float
+    written_bytes: float
+    kernels: int
+
+    @property
+    def total(self) -> float:
+        return self.read_bytes + self.written_bytes
+
+
+def elementwise_traffic(
+    numel: int, kernels: Sequence[tuple[int, int]], *, bytes_per_element: int = 4
+) -> Traffic:
+    """Bytes an elementwise chain moves between memory and the cores.
+
+    ``kernels`` lists, for each kernel launched, how many tensors of ``numel``
+    elements it reads and how many it writes (scalars are free). Unfused,
+    ``c = relu(a * b)`` is ``[(2, 1), (1, 1)]``: 5 tensor passes; fused into one
+    kernel it is ``[(2, 1)]``: 3, the intermediate ``a * b`` staying in registers.
+    Bytes = sum over kernels of (reads + writes) x numel x bytes_per_element,
+    assuming no tensor is still in cache when the next kernel reads it.
+    """
+    n = positive_int("numel", numel)
+    size = positive_int("bytes_per_element", bytes_per_element)
+    if not kernels:
+        raise ValueError("kernels must list at least one (reads, writes) pair, got none")
+    for pair in kernels:
+        if (
+            not isinstance(pair, (tuple, list))
+            or len(pair) != 2
+            or not all(isinstance(k, int) and k >= 0 for k in pair)
+        ):
+            raise ValueError(
+                f"each kernel must be a (reads, writes) pair of integers >= 0, got {pair!r}"
+            )
+    reads = sum(r for r, _ in kernels)
+    writes = sum(w for _, w in kernels)
+    return Traffic(reads * n * size, writes * n * size, len(kernels))
+
+
+def arithmetic_intensity(*, flops: float, n_bytes: float) -> float:
+    """FLOPs per byte moved: flops / n_bytes (Williams et al. 2009)."""
+    return positive("flops", flops) / positive("n_bytes", n_bytes)
+
+
+def ridge_point(*, peak_flops: float, bandwidth: float) -> float:
+    """peak FLOP/s / memory bytes/s: the arithmetic intensity above which a kernel
+    can be compute-bound (Williams et al. 2009); below it, memory-bound."""
+    return positive("peak_flops", peak_flops) / positive("bandwidth", bandwidth)
+
+
+def roofline_time(*, flops: float, n_bytes: float, peak_flops: float, bandwidth: float) -> float:
+    """Lower bound on a kernel's seconds: max(flops / peak_flops, n_bytes / bandwidth)
+    (the roofline model, Williams et al. 2009). ``flops`` may be 0 (a pure copy)."""
+    if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not flops >= 0:
+        raise ValueError(f"flops must be a number >= 0, got {flops!r}")
+    return max(
+        flops / positive("peak_flops", peak_flops),
+        positive("n_bytes", n_bytes) / positive("bandwidth", bandwidth),
     )

@@ -11,6 +11,10 @@
   the first epochs (gradual warmup, Section 2.2; 5 epochs in the paper).
 * Effective (global) batch = local batch x data-parallel ranks x gradient
   accumulation steps.
+* Stragglers: a synchronous step waits for its slowest rank, so if each of n
+  ranks is independently slow in a step with probability p, the step is slow
+  with probability 1 - (1 - p)^n (Dean and Barroso 2013, "The Tail at Scale",
+  CACM 56(2), the same argument for a request fanned out to n servers).
 """
 
 from __future__ import annotations
@@ -71,3 +75,11 @@ def effective_batch(local: int, dp: int, accumulation: int = 1) -> int:
         * positive_int("dp", dp)
         * positive_int("accumulation", accumulation)
     )
+
+
+def straggler_probability(p_slow: float, n: int) -> float:
+    """1 - (1 - p)^n: chance that at least one of ``n`` ranks, each slow with
+    probability ``p_slow`` independently, slows a synchronous step
+    (Dean and Barroso 2013). 1% per rank on 100 ranks: 63%."""
+    p = fraction("p_slow", p_slow)
+    return 1.0 - (1.0 - p) ** positive_int("n", n)

@@ -158,6 +158,32 @@ DGX_H100 = System(
 )
 SYSTEMS = (DGX_A100, DGX_H100)
 
+
+@dataclass(frozen=True)
+class GPUMemory:
+    """A GPU's own memory (HBM): ``capacity`` bytes read or written at ``bandwidth`` bytes/s
+    (both directions together: the data-sheet figure is the total the cores can move)."""
+
+    gpu: str
+    capacity: float
+    bandwidth: float
+    source: str
+
+
+HBM_A100 = GPUMemory(
+    "A100 80GB SXM",
+    capacity=80 * GB,
+    bandwidth=2039 * GB,
+    source="NVIDIA A100 Tensor Core GPU datasheet (2021): 80GB HBM2e, 2,039 GB/s (SXM)",
+)
+HBM_H100 = GPUMemory(
+    "H100 SXM5",
+    capacity=80 * GB,
+    bandwidth=3350 * GB,
+    source="NVIDIA H100 Tensor Core GPU datasheet (2023): 80GB HBM3, 3.35 TB/s (SXM)",
+)
+GPU_MEMORY = (HBM_A100, HBM_H100)
+
 #: Most Hopper GPUs one NVLink Switch System joins into a single NVLink domain
 #: (H100 whitepaper, NVLink Switch System).
 NVLINK_SWITCH_SYSTEM_MAX_GPUS = 256
