@@ -19,7 +19,8 @@ ZeRO-3 3Ψ: 1.5 times DDP).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
 from distlab.sim.cost import (
     ring_all_gather_cost,
@@ -402,3 +403,126 @@ def moe_all_to_all_comm(
             AllToAllPart("backward dispatch gradient", k, payload, layers),
         ),
     )
+
+
+# ------------------------------------------------------ vocabulary parallel ---
+def vocab_parallel_comm(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    tp: int,
+    micro_batches: int = 1,
+    first_stage: bool = True,
+    last_stage: bool = True,
+    bytes_per_element: int = 2,
+) -> CommVolume:
+    """Tensor-parallel traffic of the vocabulary-parallel embedding, head and loss.
+
+    Megatron-LM (Shoeybi et al. 2019, Section 3) splits the embedding matrix
+    by vocabulary rows: the first stage all-reduces the b x s x h embedding
+    output (forward only: its input, the tokens, needs no gradient); the last
+    stage's head starts with the identity-forward/all-reduce-backward operator,
+    one b x s x h all-reduce in the backward. The loss is computed from each
+    rank's slice of the logits, exchanging only b x s numbers per token
+    (always fp32, 4 bytes): distlab's
+    :class:`~distlab.parallel.tensor.vocab.VocabParallelCrossEntropy` all-gathers
+    each rank's log-sum-exp (a tp x b x s buffer) and all-reduces the target
+    logit (Megatron instead all-reduces the max, the sum of exponentials and
+    the target logit: three b x s all-reduces). Per step: ``micro_batches`` x these.
+    """
+    t = positive_int("tp", tp)
+    m = positive_int("micro_batches", micro_batches)
+    tokens = positive_int("seq_len", seq_len) * positive_int("micro_batch", micro_batch)
+    activation = (
+        tokens
+        * positive_int("hidden", hidden)
+        * positive_int("bytes_per_element", bytes_per_element)
+    )
+    if t == 1:
+        return CommVolume("vocabulary parallel", ())
+    parts = []
+    if first_stage:
+        parts.append(CommPart("embedding output all-reduce", "all_reduce", t, activation, m))
+    if last_stage:
+        parts += [
+            CommPart("head input-gradient all-reduce", "all_reduce", t, activation, m),
+            CommPart("loss log-sum-exp all-gather (fp32)", "all_gather", t, t * tokens * 4, m),
+            CommPart("loss target-logit all-reduce (fp32)", "all_reduce", t, tokens * 4, m),
+        ]
+    return CommVolume("vocabulary parallel", tuple(parts))
+
+
+# ------------------------------------------------------------- 3D composition ---
+def three_d_comm(
+    spec,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    micro_batch: int,
+    micro_batches: int,
+    stage: int,
+    bytes_per_element: int = 2,
+) -> dict[str, CommVolume]:
+    """Bytes one rank of pipeline stage ``stage`` sends per 1F1B step of a TP x PP x DP job,
+    per process group: distlab's :func:`distlab.parallel.three_d.train_3d` as it runs.
+
+    ``spec`` is a :class:`~distlab.calc.transformer.ModelSpec`; ``micro_batch``
+    sequences per micro-batch, ``micro_batches`` per replica. Groups:
+
+    * ``"tp"``: :func:`tensor_parallel_comm` for the stage's ``layers / pp``
+      layers plus :func:`vocab_parallel_comm` (embedding on the first stage,
+      head and loss on the last);
+    * ``"pp"``: :func:`pipeline_parallel_comm`'s sends, those this stage makes
+      (the first stage sends no gradients, the last no activations); every
+      tp rank sends the whole b x s x h tensor, as distlab does (``tp=1``
+      there: Megatron's scatter/gather would send 1/tp of it);
+    * ``"embedding"``: with tied embeddings and pp > 1, the first and last
+      stages swap their parts of the embedding's gradient (one message each,
+      ``ceil(V/tp) x h``; Narayanan et al. 2021, Section 3);
+    * ``"dp"``: :func:`data_parallel_comm`'s gradient all-reduce of the
+      rank's parameters (:func:`~distlab.calc.transformer.rank_parameter_tensors`),
+      as one all-reduce per parameter tensor (``train_3d`` averages tensor by
+      tensor, no buckets), and on the last stage the all-reduce of the loss
+      (one float64) for the step's report.
+
+    Not modelled: the shape headers distlab's pipeline executor sends before
+    each tensor (8 int64, 64 bytes), and the one-time checks when the model is
+    built (they run outside :class:`~distlab.parallel.comm.Collectives`).
+    Empty volumes for groups of one rank.
+    """
+    from .transformer import rank_parameter_tensors
+
+    shape = {"seq_len": spec.seq_len, "micro_batch": micro_batch, "hidden": spec.hidden}
+    m, bpe = micro_batches, bytes_per_element
+    first, last = stage == 0, stage == pp - 1
+    tensors = rank_parameter_tensors(spec, tp=tp, pp=pp, stage=stage)
+    tp_parts = tensor_parallel_comm(
+        **shape, layers=spec.layers // pp, tp=tp, micro_batches=m, bytes_per_element=bpe
+    ).parts
+    tp_parts += vocab_parallel_comm(
+        **shape, tp=tp, micro_batches=m, first_stage=first, last_stage=last, bytes_per_element=bpe
+    ).parts
+    sends = pipeline_parallel_comm(
+        **shape, micro_batches=m, pp=pp, tp=1, bytes_per_element=bpe
+    ).parts  # (activations to next stage, gradients to previous stage)
+    pp_parts = tuple(part for part, on in zip(sends, (not last, not first)) if on)
+    tied = spec.tied_embeddings and pp > 1 and (first or last)
+    embedding = (-(-spec.vocab // tp)) * spec.hidden * bpe
+    tied_parts = (CommPart("tied embedding gradient", "send_recv", 2, embedding),) if tied else ()
+    dp_parts: tuple = ()
+    if dp > 1:  # one all-reduce per tensor: one part per tensor size, exact in integers
+        for size, n in sorted(Counter(tensors).items()):
+            (grads,) = data_parallel_comm(size, dp=dp, bytes_per_grad=bpe).parts
+            dp_parts += (
+                replace(grads, what=f"gradient all-reduce, {size}-element tensors", count=n),
+            )
+        if last:
+            dp_parts += (CommPart("loss average (float64)", "all_reduce", dp, 8),)
+    return {
+        "tp": CommVolume("tensor parallel", tp_parts if tp > 1 else ()),
+        "pp": CommVolume("pipeline parallel", pp_parts),
+        "embedding": CommVolume("tied embedding", tied_parts),
+        "dp": CommVolume("data parallel", dp_parts),
+    }

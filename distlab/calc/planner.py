@@ -256,6 +256,28 @@ def plan(
     return Plan(spec, cluster, batch, a, candidates, enumerated, too_big)
 
 
+def evaluate(
+    model: ModelSpec | str,
+    cluster: ClusterSpec,
+    config: ParallelConfig,
+    *,
+    assumptions: PlannerAssumptions | None = None,
+) -> StepEstimate:
+    """The estimate :func:`plan` makes for one given layout ``config``, with the same
+    formulas, whether or not it fits (compare ``.memory.total`` with the GPU's memory).
+    ``config.tp * config.pp * config.dp`` must be the cluster's GPU count."""
+    spec = model_preset(model) if isinstance(model, str) else model
+    if not isinstance(config, ParallelConfig):
+        raise TypeError(f"config must be a ParallelConfig, got {config!r}")
+    gpus = config.tp * config.pp * config.dp
+    if gpus != cluster.world_size:
+        raise ValueError(
+            f"tp*pp*dp = {config.tp}*{config.pp}*{config.dp} = {gpus} != the cluster's "
+            f"{cluster.world_size} GPUs; choose degrees whose product is the GPU count"
+        )
+    return _Context(spec, cluster, assumptions or PlannerAssumptions()).estimate(config, fit=False)
+
+
 class _Context:
     """Per-plan constants and caches, so each layout costs a few arithmetic operations."""
 
@@ -352,11 +374,11 @@ class _Context:
         )
         return volume.time_on(dp_link, all_reduce="auto") * (1 - self.a.dp_overlap)
 
-    def estimate(self, c: ParallelConfig) -> StepEstimate | None:
+    def estimate(self, c: ParallelConfig, *, fit: bool = True) -> StepEstimate | None:
         """Step time of layout ``c``: ``(m + bubble slots)`` micro-batch slots plus the exposed
-        data-parallel communication; ``None`` when it does not fit in memory."""
+        data-parallel communication; ``None`` when it does not fit in memory (unless ``fit=False``)."""
         mem = self.memory(c)
-        if mem.total > self.capacity:
+        if fit and mem.total > self.capacity:
             return None
         tp_link, dp_link, pp_link = self.links(c)
         compute, tp_s, pp_s = self.slot_seconds(c, tp_link, pp_link)

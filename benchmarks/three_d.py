@@ -1,0 +1,150 @@
+"""3D parallelism against data parallelism and one process: step time, memory, bytes per rank.
+
+    python benchmarks/three_d.py [--steps 6] [--batch 16] [--micro-batches 2]
+                                 [--seq-len 32] [--hidden 64] [--heads 4] [--layers 4]
+
+Trains the same tiny GPT on the same global batch with plain SGD three ways,
+all through :func:`distlab.parallel.three_d.train_3d` on gloo processes:
+
+* ``single``: 1 process, every degree 1 and one micro-batch (a plain forward
+  and backward of the whole batch);
+* ``DP=8``: 8 processes, tp = pp = 1 (each rank the whole model, batch/8);
+* ``TP2xPP2xDP2``: 8 processes, 1F1B over ``--micro-batches`` per replica.
+
+and prints one table: the median step time of the slowest rank (the time
+between the ends of consecutive ``optimizer.step()`` calls, seen through a
+global optimizer hook, the first step left out as warm-up), the largest
+per-rank parameter, gradient and optimizer bytes (summed from the optimizer's
+tensors), the largest peak activation bytes the pipeline executor kept
+(:attr:`~distlab.parallel.pipeline.RankRun.peak_activation_bytes`), the
+largest peak RSS of a process, and the most bytes a rank sent per step
+(:func:`~distlab.parallel.comm_trace.trace_comm`'s wire bytes: distlab's ring
+collectives, pipeline messages and their headers). CPU timings on a shared
+machine are noisy; bytes are exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+import distlab
+
+LAYOUTS = {  # name: (processes, tp, pp, dp, micro-batches per replica or None for --micro-batches)
+    "single": (1, 1, 1, 1, 1),
+    "DP=8": (8, 1, 1, 8, 1),
+    "TP2xPP2xDP2": (8, 2, 2, 2, None),
+}
+
+
+def _worker(rank, world_size, config, tp, pp, dp, batch, micro_batches, steps):
+    import resource
+    import time
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from distlab.models import gpt_batch
+    from distlab.parallel import three_d
+    from distlab.parallel.comm_trace import trace_comm
+
+    torch.set_num_threads(1)
+    ends, state = [], {}
+
+    def after_step(optimizer, args, kwargs):
+        ends.append(time.perf_counter())
+        tensors = [p for g in optimizer.param_groups for p in g["params"]]
+        state["params"] = sum(p.numel() * p.element_size() for p in tensors)
+        state["grads"] = sum(p.grad.numel() * p.grad.element_size() for p in tensors)
+        state["optimizer"] = sum(
+            t.numel() * t.element_size()
+            for s in optimizer.state.values()
+            for t in s.values()
+            if torch.is_tensor(t)
+        )
+
+    runs = []
+    run_pipeline = three_d.run_pipeline  # train_3d keeps the executor's RankRun to itself:
+
+    def keep_run(*args, **kwargs):  # wrap the name it calls, in this process only
+        runs.append(run_pipeline(*args, **kwargs))
+        return runs[-1]
+
+    three_d.run_pipeline = keep_run
+    handle = register_optimizer_step_post_hook(after_step)
+    tokens, targets = gpt_batch(batch, config, seed=1)
+    try:
+        with trace_comm() as trace:
+            three_d.train_3d(config, tokens, targets, tp=tp, pp=pp, dp=dp,
+                             micro_batches=micro_batches, steps=steps, lr=0.1)  # fmt: skip
+    finally:
+        handle.remove()
+        three_d.run_pipeline = run_pipeline
+    return {
+        "step_times": [b - a for a, b in itertools.pairwise(ends)],  # steps 2..n
+        "state": state["params"] + state["grads"] + state["optimizer"],
+        "activations": max(r.peak_activation_bytes for r in runs),
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        "sent_per_step": sum(c.wire_bytes for c in trace.calls) / steps,
+    }
+
+
+def benchmark_rows(config, *, batch: int, micro_batches: int, steps: int) -> list[tuple]:
+    """One row per layout: (name, processes, step seconds, state, activations, RSS, sent)."""
+    if steps < 2:
+        raise ValueError(f"steps must be >= 2 (the first is warm-up), got {steps}")
+    rows = []
+    for name, (procs, tp, pp, dp, m) in LAYOUTS.items():
+        m = micro_batches if m is None else m
+        per_rank = distlab.run(
+            _worker, procs, args=(config, tp, pp, dp, batch, m, steps), timeout=600
+        )
+        slowest = statistics.median(max(s) for s in zip(*(r["step_times"] for r in per_rank)))
+        rows.append((name, procs, slowest, *(max(r[k] for r in per_rank)
+                     for k in ("state", "activations", "rss", "sent_per_step"))))  # fmt: skip
+    return rows
+
+
+def format_rows(rows: list[tuple]) -> str:
+    from distlab.calc.units import format_bytes
+
+    header = ("layout", "procs", "step ms", "param+grad+opt/rank", "peak act/rank",
+              "peak RSS/proc", "sent/rank/step")  # fmt: skip
+    lines = ["{:<12} {:>5} {:>9} {:>20} {:>14} {:>14} {:>15}".format(*header)]
+    for name, procs, seconds, state, act, rss, sent in rows:
+        kib = [format_bytes(x, "KiB", 1) for x in (state, act)]
+        lines.append(
+            f"{name:<12} {procs:>5} {seconds * 1e3:>9.1f} {kib[0]:>20} {kib[1]:>14} "
+            f"{format_bytes(rss, 'MiB', 0):>14} {format_bytes(sent, 'KiB', 1):>15}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from distlab.models import GPTConfig
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--micro-batches", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=128)
+    args = parser.parse_args(argv)
+    config = GPTConfig(vocab=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
+                       heads=args.heads, layers=args.layers)  # fmt: skip
+    rows = benchmark_rows(config, batch=args.batch, micro_batches=args.micro_batches,
+                          steps=args.steps)  # fmt: skip
+    print(
+        f"tiny GPT: {config.layers} layers, hidden {config.hidden}, seq_len {config.seq_len}, "
+        f"vocab {config.vocab}, fp32 SGD; global batch {args.batch}; gloo on CPU, "
+        f"median of {args.steps - 1} steps (slowest rank)"
+    )
+    print(format_rows(rows))
+
+
+if __name__ == "__main__":
+    main()
