@@ -11,7 +11,16 @@ all through :func:`distlab.parallel.three_d.train_3d` on gloo processes:
 * ``DP=8``: 8 processes, tp = pp = 1 (each rank the whole model, batch/8);
 * ``TP2xPP2xDP2``: 8 processes, 1F1B over ``--micro-batches`` per replica.
 
-and prints one table: the median step time of the slowest rank (the time
+and prints three things from one invocation:
+
+1. the communication of one traced TP2xPP2xDP2 step, per group and
+   collective, against :func:`distlab.calc.comm.three_d_comm`
+   (:func:`distlab.parallel.comm_table.trace_three_d`);
+2. the same layout's step time on one DGX-H100 node (8 GPUs), from the planner
+   and from each group's traffic on its link
+   (:func:`distlab.calc.three_d.layout_step_time`), for this tiny GPT and for
+   LLaMA-2 7B (the planner's ``7B`` preset, micro-batch 1, 8 micro-batches);
+3. one benchmark table from one run of each layout: the median step time of the slowest rank (the time
 between the ends of consecutive ``optimizer.step()`` calls, seen through a
 global optimizer hook, the first step left out as warm-up), the largest
 per-rank parameter, gradient and optimizer bytes (summed from the optimizer's
@@ -136,6 +145,27 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = GPTConfig(vocab=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                        heads=args.heads, layers=args.layers)  # fmt: skip
+    from distlab.calc.planner import PlannerAssumptions
+    from distlab.calc.three_d import format_layout_time, gpt_spec, layout_step_time
+    from distlab.calc.transformer import model_preset
+    from distlab.parallel.comm_table import format_trace_table, trace_three_d
+    from distlab.sim.topology import preset
+
+    rows = trace_three_d(config, tp=2, pp=2, dp=2, batch=args.batch,
+                         micro_batches=args.micro_batches)  # fmt: skip
+    print("one TP2xPP2xDP2 step, summed over the 8 ranks: measured / distlab.calc prediction")
+    print(format_trace_table(rows) + "\n")
+    spec = gpt_spec(vocab=config.vocab, seq_len=config.seq_len, hidden=config.hidden,
+                    heads=config.heads, layers=config.layers)  # fmt: skip
+    dgx = preset("dgx-h100", nodes=1)
+    local = args.batch // (2 * args.micro_batches)
+    fp32 = PlannerAssumptions(recipe="fp32_adam")  # as traced; 7B in the planner's bf16 default
+    cases = ((spec, local, args.micro_batches, fp32), (model_preset("7B"), 1, 8, None))
+    for model, b, m, assume in cases:
+        layout = layout_step_time(model, dgx, tp=2, pp=2, dp=2, micro_batch=b, micro_batches=m,
+                                  assumptions=assume)  # fmt: skip
+        print(format_layout_time(f"{model.name} on 1 DGX-H100 node", layout))
+    print()
     rows = benchmark_rows(config, batch=args.batch, micro_batches=args.micro_batches,
                           steps=args.steps)  # fmt: skip
     print(

@@ -85,6 +85,7 @@ class LayoutTime:
     estimate: StepEstimate
     group_seconds: dict[str, float]  # per group: its traffic on its link (slowest rank)
     group_links: dict[str, str]
+    fits: bool  # memory.total within the GPU's memory less the planner's headroom
 
 
 def layout_step_time(
@@ -134,7 +135,8 @@ def layout_step_time(
         names[group] = link.name if link is not None else "-"
         busiest = max(volumes, key=lambda v, g=group: v[g].total)[group]
         seconds[group] = busiest.time_on(link) if link is not None and busiest.parts else 0.0
-    return LayoutTime(estimate, seconds, names)
+    fits = estimate.memory.total <= cluster.gpu_memory_bytes * (1 - a.memory_headroom)
+    return LayoutTime(estimate, seconds, names, fits)
 
 
 def format_layout_time(name: str, lt: LayoutTime) -> str:
@@ -148,7 +150,9 @@ def format_layout_time(name: str, lt: LayoutTime) -> str:
         "compute": e.compute_s, "bubble": e.bubble_s, "tp": e.tp_comm_s,
         "pp": e.pp_comm_s, "dp (exposed)": e.dp_comm_s, "step": e.step_s,
     }  # fmt: skip
-    lines = [f"{name}: {e.config.label()}, memory/GPU {e.memory.total / 1e9:.2f} GB (planner)"]
+    fits = "fits" if lt.fits else "does NOT fit (with the planner's headroom)"
+    title = f"{name}: {e.config.label()}, {e.memory.total / 1e9:.2f} GB/GPU ({fits}), "
+    lines = [title + f"{e.mfu:.1%} MFU (planner)"]
     lines += [f"  planner {what:<13}{us(s)}" for what, s in planner.items()]
     lines += [
         f"  sim     {group:<13}{us(s)}  on {lt.group_links[group]}"
