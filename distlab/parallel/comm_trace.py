@@ -12,16 +12,15 @@ communication call the code makes, without the code knowing::
 Each kind of communication passes through one place, and that place reports
 to the active trace (:func:`traced`):
 
-==============================  ==========================================
-:class:`~distlab.parallel.comm.Collectives`   all_reduce, reduce_scatter, all_gather,
-(and ``TensorParallelComm``)                  broadcast on its ``group``
-the pipeline executor                         ``send``/``recv`` of activations and
-                                              gradients (group ``"pp"``), their shape
-                                              headers (``"send header"``/``"recv header"``),
-                                              the tied-embedding gradient exchange
-                                              (group ``"embedding"``, Megatron's name)
-MoE's :class:`~distlab.parallel.moe.AllToAll`  all_to_all (group ``"ep"``)
-==============================  ==========================================
+* :class:`~distlab.parallel.comm.Collectives` (and its subclass
+  ``TensorParallelComm``): all_reduce, reduce_scatter, all_gather and
+  broadcast on its ``group``;
+* the pipeline executor (:mod:`distlab.parallel.pipeline.executor`): ``send``
+  and ``recv`` of activations and gradients (group ``"pp"``), the shape
+  header before each (``"send header"``, ``"recv header"``), and the
+  tied-embedding gradient exchange between the first and last stage (group
+  ``"embedding"``, Megatron-LM's name for those two ranks);
+* MoE's :func:`~distlab.parallel.moe.exchange_blocks`: all_to_all (group ``"ep"``).
 
 A process group is named by :func:`~distlab.parallel.mesh.build_mesh`, which
 tells the active trace the name of every group it creates (a group that
