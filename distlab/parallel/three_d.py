@@ -62,6 +62,7 @@ from distlab.parallel.tensor.layers import block_shard
 from distlab.parallel.tensor.ops import copy_to_tp
 from distlab.parallel.tensor.vocab import vocab_shard
 from distlab.parallel.zero import ZeroOptimizer
+from distlab.placement.groups import check_degrees as check_world_degrees
 
 #: optimizer name -> (torch class, its keyword arguments, the
 #: :data:`distlab.calc.memory.RECIPES` entry whose bytes per parameter it keeps)
@@ -166,16 +167,12 @@ def dense_shard(name: str, dense: torch.Tensor, t: int, rank: int, vocab: int) -
 def check_degrees(
     world_size: int, config: GPTConfig, *, tp: int, pp: int, dp: int, chunks: int = 1
 ) -> None:
-    """``ValueError`` naming the value unless tp*pp*dp = world size, pp*chunks | layers,
+    """``ValueError`` naming the value unless tp*pp*dp = world size
+    (:func:`distlab.placement.groups.check_degrees`), pp*chunks | layers,
     tp | heads and tp | hidden."""
-    for name, degree in (("tp", tp), ("pp", pp), ("dp", dp), ("chunks", chunks)):
-        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {degree!r}")
-    if tp * pp * dp != world_size:
-        raise ValueError(
-            f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} != world_size={world_size}: "
-            f"choose degrees whose product is the number of processes"
-        )
+    check_world_degrees(world_size, tp=tp, pp=pp, dp=dp, cp=1, ep=1)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
     blocks_per_chunk(config.layers, pp, chunks)
     check_divisible("heads", config.heads, tp)
     check_divisible("hidden", config.hidden, tp)
