@@ -39,7 +39,9 @@ Each replica's loss is the mean over its b/d sequences, so the mean of the d
 losses and of the d gradients is the full batch's: one step equals one
 single-process step on the whole batch, up to fp32 rounding, and so does
 every optimizer step (SGD, momentum and Adam act element by element, so
-updating 1/d of the elements on each rank is the same update).
+updating 1/d of the elements on each rank is the same update). Adam divides
+by the root of its second moment, so where a gradient nearly cancels it
+magnifies fp32 rounding: compare Adam runs with a looser tolerance than SGD's.
 """
 
 from __future__ import annotations
