@@ -23,6 +23,8 @@ the step time; with the recomputed FLOPs it is HFU (hardware FLOPs utilisation).
 
 from __future__ import annotations
 
+import math
+
 from ._validate import choice, fraction, positive, positive_int
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -144,3 +146,12 @@ def training_time(
         * positive("tokens", tokens)
         / (positive_int("n_gpus", n_gpus) * positive("flops_per_gpu", flops_per_gpu))
     )
+
+
+def run_seconds(tokens: float, *, tokens_per_step: float, step_s: float) -> float:
+    """Wall-clock seconds to train on ``tokens``: ceil(tokens / tokens_per_step) steps of
+    ``step_s`` each (no failures, restarts or checkpoint stalls counted). With the step time
+    at an achieved MFU this agrees with :func:`training_time`'s 6TP/(nX) up to the
+    attention FLOPs that 6N leaves out."""
+    steps = math.ceil(positive("tokens", tokens) / positive("tokens_per_step", tokens_per_step))
+    return steps * positive("step_s", step_s)
