@@ -144,3 +144,44 @@ def test_all_to_all_bytes_equal_calculator(runs):
     assert predicted > 0
     for run in runs:
         assert run.all_to_all_bytes == [predicted] * STEPS, run.rank
+
+
+@pytest.mark.parametrize(
+    "config, moe, degrees, batch, message",
+    [
+        (CONFIG, MOE, (2, 2, 2), 8, "tp=2 x cp=1 x dp=2 x pp=1 = 4 must equal world_size=8"),
+        (CONFIG, MOE, (2, 3, 4), 8, "ep=3 must divide cp\\*dp=4"),
+        (CONFIG, MoEConfig(num_experts=3), (2, 2, 4), 8, "num_experts=3 is not divisible"),
+        (GPTConfig(hidden=15, heads=3), MOE, (2, 2, 4), 8, "hidden=15 is not divisible by the"),
+        (GPTConfig(hidden=16, heads=1), MOE, (2, 2, 4), 8, "heads=1 is not divisible by the"),
+        (CONFIG, MOE, (2, 2, 4), 6, "batch=6 is not divisible by the data-parallel size dp 4"),
+    ],
+)
+def test_bad_degrees_name_the_value(config, moe, degrees, batch, message):
+    from distlab.parallel.moe_gpt import check_tp_ep
+
+    tp, ep, dp = degrees
+    with pytest.raises(ValueError, match=message):
+        check_tp_ep(8, config, moe, tp=tp, ep=ep, dp=dp, batch=batch)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"top_k": 3}, "top_k must be 1 or 2, got 3"),
+        ({"every": 0}, "every must be an integer >= 1, got 0"),
+        ({"num_experts": 1, "top_k": 2}, "top_k=2 must be <= num_experts=1"),
+        ({"capacity_factor": 0}, "capacity_factor"),
+    ],
+)
+def test_bad_moe_config(fields, message):
+    with pytest.raises(ValueError, match=message):
+        MoEConfig(**fields)
+
+
+def test_bad_degrees_end_the_job_with_the_rank_traceback():
+    moe = MoEConfig(num_experts=3, top_k=2, capacity_factor=1.0, ffn_hidden=24)
+    with pytest.raises(distlab.RankError) as failure:
+        distlab.run(_train, 4, args=(2, 2, 2, CONFIG, moe), timeout=60, show_output=False)
+    assert "num_experts=3 is not divisible by the expert-parallel size ep 2" in str(failure.value)
+    assert "check_tp_ep" in failure.value.remote_traceback

@@ -221,10 +221,11 @@ def check_tp_ep(
     world_size: int, config: GPTConfig, moe: MoEConfig, *, tp: int, ep: int, dp: int, batch: int
 ) -> None:
     """``ValueError`` naming the value unless tp * dp = world size, ep | dp,
-    ep | num_experts, tp | heads and hidden, dp | batch."""
+    tp | hidden and heads, ep | num_experts, dp | batch (checked by every rank
+    before the first collective, so every rank raises the same error)."""
     check_degrees(world_size, tp=tp, pp=1, dp=dp, cp=1, ep=ep)
-    check_divisible("heads", config.heads, tp)
     check_divisible("hidden", config.hidden, tp)
+    check_divisible("heads", config.heads, tp)
     check_divisible("num_experts", moe.num_experts, ep, by="expert-parallel size ep")
     check_divisible("batch", batch, dp, by="data-parallel size dp")
 
