@@ -146,6 +146,44 @@ def test_all_to_all_bytes_equal_calculator(runs):
         assert run.all_to_all_bytes == [predicted] * STEPS, run.rank
 
 
+def test_grouped_moe_routes_each_group_on_its_own():
+    from distlab.parallel.moe import MoE
+    from distlab.parallel.moe_gpt import GroupedMoE
+
+    settings = {"top_k": 2, "capacity_factor": 1.0, "seed": 3}
+    grouped = GroupedMoE(8, 12, 4, groups=2, **settings)
+    plain = MoE(8, 12, 4, **settings)
+    x = torch.randn(4, 5, 8, generator=torch.Generator().manual_seed(0))
+    y = grouped(x)
+    parts, losses = [], []
+    for part in x.chunk(2):
+        parts.append(plain(part))
+        losses.append(plain.aux_loss)
+    assert torch.equal(y, torch.cat(parts))
+    assert torch.equal(grouped.aux_loss, torch.stack(losses).mean())
+    capacity = expert_capacity(2 * 5, 4, top_k=2, capacity_factor=1.0)  # 2 sequences of 5
+    assert [r.capacity for r in grouped.routings] == [capacity, capacity]
+    with pytest.raises(ValueError, match="batch=4 is not divisible by the number of routing"):
+        GroupedMoE(8, 12, 4, groups=3)(x)
+    with pytest.raises(ValueError, match="groups must be an integer >= 1, got 0"):
+        GroupedMoE(8, 12, 4, groups=0)
+
+
+@pytest.mark.parametrize("every, moe_blocks", [(1, [0, 1, 2, 3]), (2, [1, 3]), (4, [3])])
+def test_moe_blocks(every, moe_blocks):
+    from distlab.parallel.moe_gpt import GroupedMoE, MoEGPT, dense_expert_name, moe_layers
+
+    config = GPTConfig(vocab=30, seq_len=8, hidden=16, heads=4, layers=4)
+    model = MoEGPT(config, MoEConfig(every=every), routing_groups=2)
+    found = [i for i, b in enumerate(model.blocks) if isinstance(b.mlp, GroupedMoE)]
+    assert found == moe_blocks and len(moe_layers(model)) == len(moe_blocks)
+    assert all(layer.groups == 2 for layer in moe_layers(model))
+    assert dense_expert_name("blocks.1.mlp.experts.1.fc1.weight", 1, 2) == (
+        "blocks.1.mlp.experts.3.fc1.weight"
+    )
+    assert dense_expert_name("blocks.1.mlp.router.weight", 1, 2) == "blocks.1.mlp.router.weight"
+
+
 @pytest.mark.parametrize(
     "config, moe, degrees, batch, message",
     [

@@ -3,7 +3,7 @@
 **The model.** :class:`MoEGPT` is :class:`distlab.models.GPT` with the MLP of
 every ``every``-th block replaced by a :class:`~distlab.parallel.moe.MoE`
 (router + ``E`` expert MLPs; Switch Transformer, Fedus et al. 2021, Section 2.1;
-GShard, Lepikhin et al. 2020, Section 2.2, puts one in every other block;
+GShard, Lepikhin et al. 2020, Section 2.1, replaces every other block's;
 Megatron-core calls ``every`` ``--moe-layer-freq``). Each MoE layer routes
 top-k with a per-expert capacity and drops the overflow (Switch, Section 2.2)::
 
@@ -13,8 +13,9 @@ and adds the load-balancing loss ``E * sum_i f_i P_i`` (Switch, Section 2.2,
 eq. 4) to the training loss, times ``aux_weight``, summed over the MoE layers.
 
 **Routing groups.** Capacity is counted per *group* of tokens, not per batch:
-GShard (Algorithm 1) splits the batch into G groups, routes each on its own and
-averages the balancing loss over them; with data parallelism each replica's
+GShard (Section 2.2, "local group dispatching", and Algorithm 1) splits the
+batch into G groups, routes each on its own and averages the balancing loss
+over them; with data parallelism each replica's
 b/dp sequences are one group. So the single-process reference routes the
 whole batch in ``routing_groups = dp`` slices (:class:`GroupedMoE`), the same
 slices the replicas get, and then equals the distributed run exactly.
@@ -38,12 +39,16 @@ sequence parallelism here): splitting would add a scatter and a gather around
 each MoE layer and tie the expert placement to tp. The price is that each TP
 rank repeats its replica's expert compute and all-to-alls (t-fold).
 
-**Gradients** (:func:`~distlab.parallel.moe.average_moe_gradients`): a
-dense parameter (TP shard, LayerNorm, router) is averaged over the
-``dp`` ranks with its TP coordinate; an expert's gradient, which already sums
-the tokens of its ``ep`` group, is summed over the ``expert_dp = dp/ep`` ranks
-holding the same expert and divided by dp (Megatron-core's expert-data-parallel
-group). With world 8: tp = 2, dp = 4 = ep 2 x expert_dp 2.
+**Gradients** (:func:`~distlab.parallel.moe.average_moe_gradients`). Each
+replica r's loss L_r is the mean over its b/dp sequences, the job's loss
+L = (1/dp) sum_r L_r. A dense parameter (TP shard, LayerNorm, router) is
+averaged over the ``dp`` ranks with its TP coordinate:
+g = (1/dp) sum_r dL_r/dw. An expert's local gradient already sums
+dL_r/dw over the replicas r of its ``ep`` group (their tokens came back
+through the all-to-all), so it is summed over the ``expert_dp = dp/ep`` ranks
+holding the same expert and divided by dp, giving the same
+(1/dp) sum_r dL_r/dw (Megatron-core's expert-data-parallel group). With
+world 8: tp = 2, dp = 4 = ep 2 x expert_dp 2.
 """
 
 from __future__ import annotations
@@ -103,9 +108,14 @@ class MoEConfig:
 class GroupedMoE(MoE):
     """A :class:`MoE` that routes ``groups`` equal slices of its batch one after the
     other, each with its own capacity (GShard's groups, Algorithm 1); ``aux_loss``
-    is the mean of the slices' balancing losses, ``routings`` their :class:`Routing` s."""
+    is the mean of the slices' balancing losses, ``routings`` their :class:`Routing` s.
+    Other arguments as :class:`MoE`."""
 
-    groups: int = 1
+    def __init__(self, *args, groups: int = 1, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"groups must be an integer >= 1, got {groups!r}")
+        self.groups = groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_divisible("batch", x.shape[0], self.groups, by="number of routing groups")
@@ -136,8 +146,8 @@ class MoEGPT(GPT):
                 block.mlp = GroupedMoE(
                     config.hidden, moe.ffn_hidden or 4 * config.hidden, moe.num_experts,
                     top_k=moe.top_k, capacity_factor=moe.capacity_factor, seed=seed + 1 + i,
+                    groups=routing_groups,
                 )  # fmt: skip
-                block.mlp.groups = routing_groups
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:
