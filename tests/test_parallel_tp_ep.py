@@ -27,11 +27,11 @@ TP, EP, DP, STEPS, LR, AUX, BATCH = 2, 2, 4, 20, 0.2, 0.01, 8
 TOKENS_PER_RANK = BATCH // DP * CONFIG.seq_len
 
 
-def _train(rank, world_size, tp, ep, dp, config, moe):
+def _train(rank, world_size, tp, ep, dp, config, moe, bad_rank=None):
     torch.set_num_threads(1)
     from distlab.parallel.moe_gpt import train_tp_ep
 
-    tokens, targets = gpt_batch(BATCH, config, seed=1)
+    tokens, targets = gpt_batch(6 if rank == bad_rank else BATCH, config, seed=1)
     return train_tp_ep(
         config, moe, tokens, targets, tp=tp, ep=ep, dp=dp, steps=STEPS, lr=LR, aux_weight=AUX
     )
@@ -209,6 +209,20 @@ def test_bad_degrees_name_the_value(config, moe, degrees, batch, message):
 
 
 @pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+        ({"aux_weight": -0.1}, "aux_weight must be a number >= 0, got -0.1"),
+    ],
+)
+def test_bad_training_settings(settings, message):
+    from distlab.parallel.moe_gpt import check_tp_ep
+
+    with pytest.raises(ValueError, match=message):
+        check_tp_ep(8, CONFIG, MOE, tp=TP, ep=EP, dp=DP, batch=BATCH, **settings)
+
+
+@pytest.mark.parametrize(
     "fields, message",
     [
         ({"top_k": 3}, "top_k must be 1 or 2, got 3"),
@@ -228,3 +242,12 @@ def test_bad_degrees_end_the_job_with_the_rank_traceback():
         distlab.run(_train, 4, args=(2, 2, 2, CONFIG, moe), timeout=60, show_output=False)
     assert "num_experts=3 is not divisible by the expert-parallel size ep 2" in str(failure.value)
     assert "check_tp_ep" in failure.value.remote_traceback
+
+
+def test_one_failing_rank_ends_every_rank_with_its_traceback():
+    with pytest.raises(distlab.RankError) as failure:
+        distlab.run(_train, 8, args=(TP, EP, DP, CONFIG, MOE, 5), timeout=60, show_output=False)
+    assert failure.value.rank == 5  # the others were waiting for it in build_mesh
+    assert (
+        "batch=6 is not divisible by the data-parallel size dp 4" in failure.value.remote_traceback
+    )

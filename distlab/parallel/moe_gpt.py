@@ -228,11 +228,25 @@ class TpEpRun:
 
 
 def check_tp_ep(
-    world_size: int, config: GPTConfig, moe: MoEConfig, *, tp: int, ep: int, dp: int, batch: int
+    world_size: int,
+    config: GPTConfig,
+    moe: MoEConfig,
+    *,
+    tp: int,
+    ep: int,
+    dp: int,
+    batch: int,
+    steps: int = 1,
+    aux_weight: float = 0.0,
 ) -> None:
     """``ValueError`` naming the value unless tp * dp = world size, ep | dp,
-    tp | hidden and heads, ep | num_experts, dp | batch (checked by every rank
-    before the first collective, so every rank raises the same error)."""
+    tp | hidden and heads, ep | num_experts, dp | batch, steps >= 1 and
+    aux_weight >= 0 (checked by every rank before the first collective, so
+    every rank raises the same error)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if isinstance(aux_weight, bool) or not isinstance(aux_weight, (int, float)) or aux_weight < 0:
+        raise ValueError(f"aux_weight must be a number >= 0, got {aux_weight!r}")
     check_degrees(world_size, tp=tp, pp=1, dp=dp, cp=1, ep=ep)
     check_divisible("hidden", config.hidden, tp)
     check_divisible("heads", config.heads, tp)
@@ -261,7 +275,10 @@ def train_tp_ep(
     ``algorithm``: the TP and DP all-reduces (:data:`distlab.parallel.comm.ALGORITHMS`);
     ``"builtin"`` also makes the all-to-alls torch's (then not counted in
     ``all_to_all_bytes``). Call on every rank inside ``distlab.run``."""
-    check_tp_ep(dist.get_world_size(), config, moe, tp=tp, ep=ep, dp=dp, batch=tokens.shape[0])
+    check_tp_ep(
+        dist.get_world_size(), config, moe, tp=tp, ep=ep, dp=dp, batch=tokens.shape[0],
+        steps=steps, aux_weight=aux_weight,
+    )  # fmt: skip
     mesh = build_mesh(tp=tp, ep=ep, dp=dp)
     where = mesh.coordinates
     comm = TensorParallelComm(algorithm, group=mesh["tp"])
