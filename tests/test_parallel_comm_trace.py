@@ -306,3 +306,22 @@ def test_three_d_comm_rejects_what_train_3d_cannot_run():
         three_d_comm(spec, **shape, chunks=3)
     with pytest.raises(TypeError, match="chunks"):
         three_d_comm(spec, **shape, chunks=None)
+
+
+@pytest.mark.parametrize("dp", [2, 3, 5])
+def test_zero_flat_groups_pad_like_flat_group(dp):
+    """The calculator's buckets and padding are ZeroOptimizer's own construction
+    (:func:`assign_buckets` in reverse order, :class:`FlatGroup` per bucket)."""
+    from distlab.calc.comm import zero_flat_groups
+    from distlab.models import GPT
+    from distlab.parallel.buckets import assign_buckets, bucket_cap_bytes, trainable_parameters
+    from distlab.parallel.flat import FlatGroup
+
+    params = trainable_parameters(GPT(CONFIG, seed=0))
+    sizes = [p.numel() for p in params]
+    for cap in (0.001, 0.02, 25):
+        buckets = assign_buckets(params[::-1], bucket_cap_bytes(cap))
+        want = [FlatGroup(bucket, 0, dp).padded_numel for bucket in buckets]
+        assert zero_flat_groups(sizes, dp=dp, bytes_per_element=4, bucket_cap_mb=cap) == want
+    padded = zero_flat_groups(sizes, dp=dp, bytes_per_element=4)
+    assert padded == [dp * -(-sum(sizes) // dp)] and (dp == 2 or padded[0] > sum(sizes))
