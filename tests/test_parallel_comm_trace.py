@@ -1,10 +1,15 @@
 """Tracing one 3D step: every group's collectives equal distlab.calc's prediction.
 
 One launch of TP=2 x PP=2 x DP=2 (8 gloo processes) runs one ``train_3d``
-step inside ``trace_comm``. Every (group, collective) the calculator models
-must match in calls, payload bytes and wire bytes, summed over the job and on
-each rank (with groups of 2 ranks the ring's per-rank formula is exact); the
-only unmodelled rows are the pipeline executor's 64-byte shape headers.
+step inside ``trace_comm`` (1F1B, gradients all-reduced over dp); a second
+launch runs one step with ZeRO-1 and one with ZeRO-1 and the interleaved
+schedule (v = 2 chunks, a 4-layer GPT) and builds ZeroOptimizers with small
+buckets. Every (group, collective) the calculator models must match in calls,
+payload bytes and wire bytes, summed over the job and on each rank (with
+groups of 2 ranks the ring's per-rank formula is exact; ZeRO's one-time
+broadcast only summed); the only unmodelled rows are the pipeline executor's
+64-byte shape headers. A prediction for the wrong configuration (ZeRO off,
+or 1F1B's sends) must not match.
 """
 
 from __future__ import annotations

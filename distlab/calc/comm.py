@@ -167,7 +167,8 @@ def data_parallel_comm(
     * stage 0 (DDP): one all-reduce of the gradients (accumulated locally
       over ``micro_batches``, as DDP's ``no_sync`` does);
     * stage 1: a reduce-scatter of the gradients and an all-gather of the
-      updated parameters: the same volume as DDP;
+      updated parameters, Ψ each in the paper's count: the same 2Ψ as DDP's
+      all-reduce (Section 7.2.1);
     * stage 2: the gradients are reduce-scattered after every micro-batch
       (each rank keeps only its shard), plus one all-gather of parameters;
     * stage 3 (FSDP): every micro-batch all-gathers the parameters for the
@@ -339,7 +340,10 @@ def pipeline_parallel_comm(
     first and last stages send half of this. With tensor parallelism each of
     the tp ranks sends 1/tp of the tensor (Megatron's scatter/gather
     optimisation, Narayanan et al. 2021, Section 4.1). The interleaved
-    schedule crosses v times more stage boundaries (Section 2.2.2).
+    schedule with v = ``virtual_stages`` model chunks per rank crosses v times
+    more stage boundaries, so it sends v times as many messages (Section 2.2.2):
+    m v of each here (the first stage sends m (v-1) gradients, the last
+    m (v-1) activations; :func:`three_d_comm`).
     """
     p = positive_int("pp", pp)
     t = positive_int("tp", tp)

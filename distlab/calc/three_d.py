@@ -4,7 +4,8 @@ Pure Python. Three questions about one layout (tp, pp, dp, micro-batches):
 
 * :func:`job_comm_totals`: what every rank of the job sends, per group and
   collective, summed over the ranks (:func:`distlab.calc.comm.three_d_comm`
-  for each rank's pipeline stage): the numbers a trace of one step must equal;
+  for each rank's pipeline stage, with plain DP or ZeRO-1 and 1F1B or the
+  interleaved schedule): the numbers a trace of one step must equal;
 * :func:`layout_step_time`: the planner's estimate of that one layout
   (:func:`distlab.calc.planner.evaluate`: compute at an assumed efficiency,
   TP and PP communication on the critical path, the 1F1B bubble, exposed DP
@@ -13,7 +14,8 @@ Pure Python. Three questions about one layout (tp, pp, dp, micro-batches):
   a node, the node's share of InfiniBand across nodes), from the same
   :func:`~distlab.calc.comm.three_d_comm` volumes;
 * :func:`gpt_spec`: the :class:`~distlab.calc.transformer.ModelSpec` of
-  distlab's tiny GPT (:class:`distlab.models.GPTConfig`'s fields).
+  distlab's tiny GPT (:class:`distlab.models.GPTConfig`'s fields), and
+  :func:`gpt_layer_buffers` the buffers each of its layers keeps.
 """
 
 from __future__ import annotations
