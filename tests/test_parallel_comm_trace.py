@@ -311,6 +311,8 @@ def test_three_d_comm_rejects_what_train_3d_cannot_run():
         three_d_comm(spec, **shape, chunks=3)
     with pytest.raises(TypeError, match="chunks"):
         three_d_comm(spec, **shape, chunks=None)
+    with pytest.raises(ValueError, match="chunks=2 needs pp >= 2"):
+        three_d_comm(spec, **{**shape, "pp": 1}, chunks=2)
 
 
 @pytest.mark.parametrize("dp", [2, 3, 5])

@@ -591,6 +591,8 @@ def three_d_comm(
     choice("zero_stage", zero_stage, (0, 1))
     v = positive_int("chunks", chunks)
     divides("pp * chunks", pp * v, "layers", spec.layers)
+    if pp == 1 and v > 1:  # as train_3d: one stage has no boundary to interleave
+        raise ValueError(f"chunks={v} needs pp >= 2: one pipeline stage has nothing to interleave")
     shape = {"seq_len": spec.seq_len, "micro_batch": micro_batch, "hidden": spec.hidden}
     m, bpe = micro_batches, bytes_per_element
     first, last = stage == 0, stage == pp - 1
