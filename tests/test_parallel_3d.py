@@ -196,6 +196,7 @@ def test_bad_degrees_name_the_value(degrees, config, message):
         ({"schedule": "1f2b"}, "unknown schedule '1f2b'; allowed: 'gpipe', '1f1b'"),
         ({"chunks": 2}, "chunks=2 needs schedule 'interleaved'"),
         ({"schedule": "interleaved", "micro_batches": 3}, "micro_batches=3, stages=2"),
+        ({"schedule": "interleaved", "chunks": 2, "pp": 1}, "chunks=2 needs pp >= 2"),
     ],
 )
 def test_bad_options_name_the_value(options, message):

@@ -4,7 +4,8 @@ Pure Python. Three questions about one layout (tp, pp, dp, micro-batches):
 
 * :func:`job_comm_totals`: what every rank of the job sends, per group and
   collective, summed over the ranks (:func:`distlab.calc.comm.three_d_comm`
-  for each rank's pipeline stage): the numbers a trace of one step must equal;
+  for each rank's pipeline stage, with plain DP or ZeRO-1 and 1F1B or the
+  interleaved schedule): the numbers a trace of one step must equal;
 * :func:`layout_step_time`: the planner's estimate of that one layout
   (:func:`distlab.calc.planner.evaluate`: compute at an assumed efficiency,
   TP and PP communication on the critical path, the 1F1B bubble, exposed DP
@@ -13,7 +14,8 @@ Pure Python. Three questions about one layout (tp, pp, dp, micro-batches):
   a node, the node's share of InfiniBand across nodes), from the same
   :func:`~distlab.calc.comm.three_d_comm` volumes;
 * :func:`gpt_spec`: the :class:`~distlab.calc.transformer.ModelSpec` of
-  distlab's tiny GPT (:class:`distlab.models.GPTConfig`'s fields).
+  distlab's tiny GPT (:class:`distlab.models.GPTConfig`'s fields), and
+  :func:`gpt_layer_buffers` the buffers each of its layers keeps.
 """
 
 from __future__ import annotations
@@ -36,15 +38,23 @@ def gpt_spec(*, vocab: int, seq_len: int, hidden: int, heads: int, layers: int,
                      tied_embeddings=tie_embeddings, source="distlab.models.GPT")  # fmt: skip
 
 
+def gpt_layer_buffers(spec: ModelSpec) -> tuple[int, ...]:
+    """Elements of the buffers each layer of distlab's tiny GPT keeps: its additive
+    causal mask, ``seq_len x seq_len`` (broadcast with the parameters when ZeRO starts)."""
+    return (spec.seq_len**2,)
+
+
 def rank_volumes(
     spec: ModelSpec, *, tp: int, pp: int, dp: int, micro_batch: int, micro_batches: int,
-    bytes_per_element: int = 4,
+    bytes_per_element: int = 4, zero_stage: int = 0, chunks: int = 1,
+    layer_buffers: tuple[int, ...] = (),
 ) -> list[dict[str, CommVolume]]:  # fmt: skip
     """:func:`~distlab.calc.comm.three_d_comm` of every rank, in rank order
     (Megatron's numbering: pipeline stage = rank // (tp * dp))."""
     per_stage = [
         three_d_comm(spec, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
-                     micro_batches=micro_batches, stage=s, bytes_per_element=bytes_per_element)
+                     micro_batches=micro_batches, stage=s, bytes_per_element=bytes_per_element,
+                     zero_stage=zero_stage, chunks=chunks, layer_buffers=layer_buffers)
         for s in range(pp)
     ]  # fmt: skip
     return [per_stage[rank // (tp * dp)] for rank in range(tp * pp * dp)]

@@ -206,6 +206,11 @@ def rank_parameter_tensors(
     :class:`distlab.parallel.pipeline.PipelineStage`'s ``tied``).
     The sum over the tp ranks of a stage and the pp stages is :attr:`ModelSpec.n_params`
     plus the vocabulary padding and that extra copy.
+
+    The order is the module's (``model.parameters()`` of distlab's GPT stage:
+    embeddings; per layer norm, q, k, v, output projection, norm, MLP, each
+    weight before its bias; final norm; output layer), which fixes where
+    :func:`distlab.calc.comm.zero_flat_groups` cuts its buckets.
     """
     t, p = positive_int("tp", tp), positive_int("pp", pp)
     if not isinstance(stage, int) or not 0 <= stage < p:
@@ -217,14 +222,18 @@ def rank_parameter_tensors(
         if size % t:
             raise ValueError(f"tp={t} must divide {name}={size}")
     norm = [h, h] if spec.norm == "layernorm" else [h]
-    column_out = [h, kv, kv] + ([f, f] if spec.gated_mlp else [f])  # q, k, v, fc1 (gate, up)
-    layer = norm + norm + [h * n // t for n in column_out] + [h * h // t, f * h // t]
-    if spec.biases:
-        layer += [n // t for n in column_out] + [h, h]
-    tensors = layer * (spec.layers // p)
+
+    def linear(weight: int, bias: int) -> list[int]:
+        return [weight, bias] if spec.biases else [weight]
+
+    q, kv_pair = linear(h * h // t, h // t), linear(h * kv // t, kv // t) * 2  # column-parallel
+    attention = q + kv_pair + linear(h * h // t, h)  # output projection: row-parallel, bias whole
+    mlp = linear(f * h // t, f // t) * (2 if spec.gated_mlp else 1)  # fc1 (gate and up)
+    mlp += linear(h * f // t, h)  # fc2 (row-parallel)
+    tensors = (norm + attention + norm + mlp) * (spec.layers // p)
     embedding = -(-spec.vocab // t) * h  # ceil(V / t) rows of h
     if stage == 0:
-        tensors += [embedding] + ([spec.seq_len * h] if spec.learned_positions else [])
+        tensors = [embedding] + ([spec.seq_len * h] if spec.learned_positions else []) + tensors
     if stage == p - 1:
         tensors += norm
         if not spec.tied_embeddings or p > 1:

@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from distlab.calc.three_d import Totals, gpt_spec, job_comm_totals, rank_volumes
+from distlab.calc.three_d import (
+    Totals,
+    gpt_layer_buffers,
+    gpt_spec,
+    job_comm_totals,
+    rank_volumes,
+)
 from distlab.calc.units import format_bytes
 
 from .comm_trace import CommCall
@@ -95,33 +101,45 @@ def format_trace_table(rows: list[TraceRow]) -> str:
     return "\n".join(lines)
 
 
-def predicted_three_d(config, *, tp: int, pp: int, dp: int, batch: int, micro_batches: int):
+def predicted_three_d(
+    config, *, tp: int, pp: int, dp: int, batch: int, micro_batches: int, zero_stage: int = 0,
+    chunks: int = 1,
+):  # fmt: skip
     """:func:`~distlab.calc.three_d.job_comm_totals` of ``train_3d`` on a
     :class:`~distlab.models.GPTConfig` with ``batch`` sequences, fp32."""
     spec = gpt_spec(vocab=config.vocab, seq_len=config.seq_len, hidden=config.hidden,
                     heads=config.heads, layers=config.layers,
                     tie_embeddings=config.tie_embeddings)  # fmt: skip
     volumes = rank_volumes(spec, tp=tp, pp=pp, dp=dp, micro_batch=batch // (dp * micro_batches),
-                           micro_batches=micro_batches, bytes_per_element=4)  # fmt: skip
+                           micro_batches=micro_batches, bytes_per_element=4,
+                           zero_stage=zero_stage, chunks=chunks,
+                           layer_buffers=gpt_layer_buffers(spec))  # fmt: skip
     return job_comm_totals(volumes)
 
 
 def trace_three_d(
-    config, *, tp: int, pp: int, dp: int, batch: int, micro_batches: int, timeout: float = 300
-) -> list[TraceRow]:
-    """Trace one ``train_3d`` step on ``tp * pp * dp`` gloo processes; the table's rows."""
+    config, *, tp: int, pp: int, dp: int, batch: int, micro_batches: int, zero_stage: int = 0,
+    schedule: str = "1f1b", chunks: int = 1, timeout: float = 300,
+) -> list[TraceRow]:  # fmt: skip
+    """Trace one ``train_3d`` step on ``tp * pp * dp`` gloo processes; the table's rows.
+    ``zero_stage``, ``schedule`` and ``chunks`` are passed to ``train_3d``."""
     import distlab
 
+    options = {"zero_stage": zero_stage, "schedule": schedule, "chunks": chunks}
     calls = distlab.run(
-        _traced_step, tp * pp * dp, args=(config, tp, pp, dp, batch, micro_batches),
+        _traced_step, tp * pp * dp, args=(config, tp, pp, dp, batch, micro_batches, options),
         timeout=timeout,
     )  # fmt: skip
     predicted = predicted_three_d(config, tp=tp, pp=pp, dp=dp, batch=batch,
-                                  micro_batches=micro_batches)  # fmt: skip
+                                  micro_batches=micro_batches, zero_stage=zero_stage,
+                                  chunks=chunks)  # fmt: skip
     return trace_table([c for rank_calls in calls for c in rank_calls], predicted)
 
 
-def _traced_step(rank, world_size, config, tp, pp, dp, batch, micro_batches) -> list[CommCall]:
+def _traced_step(
+    rank, world_size, config, tp, pp, dp, batch, micro_batches, options=None
+) -> list[CommCall]:
+    """One ``train_3d`` step (SGD, ``options`` such as ``zero_stage``) inside ``trace_comm``."""
     import torch
 
     from distlab.models import gpt_batch
@@ -132,5 +150,5 @@ def _traced_step(rank, world_size, config, tp, pp, dp, batch, micro_batches) -> 
     tokens, targets = gpt_batch(batch, config, seed=1)
     with trace_comm() as trace:
         train_3d(config, tokens, targets, tp=tp, pp=pp, dp=dp, micro_batches=micro_batches,
-                 steps=1, lr=0.1)  # fmt: skip
+                 steps=1, lr=0.1, **(options or {}))  # fmt: skip
     return trace.calls

@@ -185,7 +185,7 @@ def check_options(
 ) -> Schedule:
     """The pipeline schedule the options describe (:func:`~distlab.parallel.pipeline.build`),
     or ``ValueError`` naming an unknown optimizer, ZeRO stage or schedule, or a
-    ``chunks``/``micro_batches`` the schedule cannot use."""
+    ``chunks``/``micro_batches`` the schedule cannot use (or ``chunks > 1`` with ``pp = 1``)."""
     if optimizer not in OPTIMIZERS:
         allowed = ", ".join(map(repr, OPTIMIZERS))
         raise ValueError(f"unknown optimizer {optimizer!r}; allowed: {allowed}")
@@ -194,7 +194,12 @@ def check_options(
             f"zero_stage must be 0 (average gradients over dp) or 1 (ZeRO-1: shard the optimizer "
             f"state over dp), got {zero_stage!r}"
         )
-    return build(schedule, pp, micro_batches, chunks=chunks)
+    plan = build(schedule, pp, micro_batches, chunks=chunks)
+    if pp == 1 and chunks > 1:  # the executor would send each chunk's output to its own rank
+        raise ValueError(
+            f"chunks={chunks} needs pp >= 2: one pipeline stage has nothing to interleave"
+        )
+    return plan
 
 
 def average_gradients(stage: PipelineStage, data_parallel: Collectives) -> None:
