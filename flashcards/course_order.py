@@ -3,7 +3,7 @@
 A card's ``notebook`` field (``"02-collectives#reduce-scatter"``) places it. Cards are
 sorted by
 
-1. the notebook, in course order (:data:`flashcards.model.NOTEBOOK_FOLDERS`, 00 to 11);
+1. the notebook, in course order (:data:`flashcards.model.NOTEBOOK_FOLDERS`, 00 to 12);
 2. the section, in the order its heading appears in the notebook's source,
    ``solutions/NN-topic/NN-topic.ipynb`` (a card with no section, ``"03-algorithms-and-cost"``,
    comes first: it is about the notebook as a whole);

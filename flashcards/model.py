@@ -59,6 +59,7 @@ NOTEBOOK_FOLDERS = (
     "09-3d-parallelism-and-placement",
     "10-checkpointing-and-elasticity",
     "11-scaling-and-compilers",
+    "12-designing-a-training-run",
 )
 DEFAULT_REL_TOL = 1e-3
 DECK_ENV_VAR = "DISTLAB_FLASHCARDS_DECK"

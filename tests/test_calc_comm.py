@@ -100,7 +100,7 @@ def test_time_on_link():
             lambda: comm.tensor_parallel_comm(seq_len=8, micro_batch=1, hidden=8, layers=1, tp=0),
             "tp must be",
         ),
-        (lambda: comm.CommPart("x", "broadcast", 4, 10), "collective 'broadcast'"),
+        (lambda: comm.CommPart("x", "reduce", 4, 10), "collective 'reduce'"),
         (lambda: comm.time_on_link(-1, NVLINK4), "n_bytes"),
         (
             lambda: comm.data_parallel_comm(1e9, dp=8).time_on(NVLINK4, all_reduce="magic"),
@@ -127,3 +127,16 @@ def test_comm_parts_count_what_the_ring_schedules_send(collective, k):
         assert part.bytes_sent == pytest.approx(sent, rel=1e-12)
         steps = sum(1 for step in schedule.steps if any(t.src == rank for t in step))
         assert part.messages == steps
+
+
+@pytest.mark.parametrize("k", [2, 3, 5, 8])
+def test_broadcast_part_is_distlabs_binomial_tree(k):
+    """K ranks together send what the tree schedule sends, (K-1) n; the part counts the
+    average, (K-1)/K n per rank, in the schedule's ceil(log2 K) steps."""
+    from distlab.collectives.tree import tree_broadcast_schedule
+
+    schedule = tree_broadcast_schedule(k)
+    part = comm.CommPart("x", "broadcast", k, 1000, count=3)
+    total = sum(schedule.bytes_sent(r, [1000]) for r in range(k))
+    assert part.bytes_sent * k == pytest.approx(3 * total) and total == (k - 1) * 1000
+    assert part.messages == 3 * schedule.n_steps

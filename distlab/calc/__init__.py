@@ -11,6 +11,8 @@ FLOPs throughout; :mod:`~distlab.calc.units` formats GB (1e9) and GiB (2^30).
 * :mod:`~distlab.calc.flops`: 6N, the Megatron-LM step formula, MFU, step time;
 * :mod:`~distlab.calc.comm`: bytes per GPU for DDP, ZeRO, FSDP, TP and PP;
 * :mod:`~distlab.calc.scaling`: Amdahl, Gustafson, linear LR scaling, batch;
+* :mod:`~distlab.calc.storage`: tokenized data read per second, checkpoint
+  bytes and write time;
 * :mod:`~distlab.calc.transformer`: model shapes and presets (1B ... 175B);
 * :mod:`~distlab.calc.planner`: enumerate and rank 3D-parallel layouts
   (``distlab plan``; loaded on first use).
@@ -26,9 +28,19 @@ from __future__ import annotations
 
 import importlib
 
-from . import comm, flops, memory, pipeline, scaling, transformer, units
+from . import comm, flops, memory, pipeline, scaling, storage, transformer, units
 
-__all__ = ["comm", "flops", "memory", "pipeline", "planner", "scaling", "transformer", "units"]
+__all__ = [
+    "comm",
+    "flops",
+    "memory",
+    "pipeline",
+    "planner",
+    "scaling",
+    "storage",
+    "transformer",
+    "units",
+]
 
 
 def __getattr__(name: str):

@@ -31,6 +31,7 @@ max(FLOPs / peak FLOP/s, bytes / memory bandwidth) (:func:`roofline_time`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -220,3 +221,12 @@ def roofline_time(*, flops: float, n_bytes: float, peak_flops: float, bandwidth:
         flops / positive("peak_flops", peak_flops),
         positive("n_bytes", n_bytes) / positive("bandwidth", bandwidth),
     )
+
+
+def run_seconds(tokens: float, *, tokens_per_step: float, step_s: float) -> float:
+    """Wall-clock seconds to train on ``tokens``: ceil(tokens / tokens_per_step) steps of
+    ``step_s`` each (no failures, restarts or checkpoint stalls counted). With the step time
+    at an achieved MFU this agrees with :func:`training_time`'s 6TP/(nX) up to the
+    attention FLOPs that 6N leaves out."""
+    steps = math.ceil(positive("tokens", tokens) / positive("tokens_per_step", tokens_per_step))
+    return steps * positive("step_s", step_s)

@@ -39,7 +39,8 @@ class Recipe:
     """Bytes per parameter a training recipe keeps: weights, gradients, optimizer state.
 
     ``optimizer_bytes`` is the ZeRO paper's K: everything only the optimizer
-    needs, including an fp32 master copy of the weights when there is one.
+    needs, including an fp32 master copy of the weights when there is one;
+    ``master_bytes`` is that copy's share of K (0 without one).
     """
 
     name: str
@@ -47,6 +48,7 @@ class Recipe:
     grad_bytes: int
     optimizer_bytes: int
     description: str
+    master_bytes: int = 0
 
     @property
     def bytes_per_param(self) -> int:
@@ -61,6 +63,7 @@ RECIPES: dict[str, Recipe] = {
         12,
         "fp16/bf16 weights and gradients; fp32 master weights + Adam m and v "
         "(K = 12, ZeRO paper Section 3.1): 16 bytes/param",
+        master_bytes=4,
     ),
     "fp32_adam": Recipe(
         "fp32_adam", 4, 4, 8, "fp32 weights and gradients, Adam m and v in fp32: 16 bytes/param"

@@ -144,6 +144,38 @@ class StepEstimate:
         return d
 
 
+def peak_memory(
+    model: ModelSpec | str, config: ParallelConfig, *, recipe: str = "mixed_adam"
+) -> PeakMemory:
+    """Peak memory per GPU of ``config`` for ``model``, as the planner counts it:
+    :func:`~distlab.calc.memory.peak_bytes` with the model's shape, sequence parallelism
+    whenever tp > 1, and the model's largest layer (or embedding) as FSDP's gathered unit."""
+    spec = model_preset(model) if isinstance(model, str) else model
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
+    if not isinstance(config, ParallelConfig):
+        raise TypeError(f"config must be a ParallelConfig, got {config!r}")
+    return peak_bytes(
+        n_params=spec.n_params,
+        layers=spec.layers,
+        hidden=spec.hidden,
+        heads=spec.heads,
+        seq_len=spec.seq_len,
+        micro_batch=config.micro_batch,
+        micro_batches=config.micro_batches,
+        recipe=recipe,
+        zero_stage=config.zero_stage,
+        dp=config.dp,
+        tp=config.tp,
+        pp=config.pp,
+        sequence_parallel=config.sequence_parallel,
+        recompute=config.recompute,
+        schedule=config.schedule,
+        virtual_stages=config.virtual_stages,
+        largest_layer_params=spec.largest_layer_params,
+    )
+
+
 def group_link(cluster: ClusterSpec, *, stride: int, size: int) -> Link | None:
     """The link of groups of ``size`` ranks ``stride`` apart, tiling the cluster's ranks
     (blocks of ``stride x size`` consecutive ranks): :func:`distlab.sim.topology.group_link`
@@ -180,6 +212,13 @@ class Plan:
                 "add GPUs, shrink the batch or allow more recompute/ZeRO"
             )
         return self.candidates[0]
+
+    def estimate_for(self, config: ParallelConfig) -> StepEstimate | None:
+        """The estimate of layout ``config`` if the planner enumerated it and it fits in
+        memory; ``None`` if it breaks one of the rules (module docstring) or does not fit."""
+        if not isinstance(config, ParallelConfig):
+            raise TypeError(f"config must be a ParallelConfig, got {config!r}")
+        return next((e for e in self.candidates if e.config == config), None)
 
     def explain(self) -> list[str]:
         """Why the winner wins: its memory, bubble, communication and links, in sentences."""
@@ -256,6 +295,28 @@ def plan(
     return Plan(spec, cluster, batch, a, candidates, enumerated, too_big)
 
 
+def evaluate(
+    model: ModelSpec | str,
+    cluster: ClusterSpec,
+    config: ParallelConfig,
+    *,
+    assumptions: PlannerAssumptions | None = None,
+) -> StepEstimate:
+    """The estimate :func:`plan` makes for one given layout ``config``, with the same
+    formulas, whether or not it fits (compare ``.memory.total`` with the GPU's memory).
+    ``config.tp * config.pp * config.dp`` must be the cluster's GPU count."""
+    spec = model_preset(model) if isinstance(model, str) else model
+    if not isinstance(config, ParallelConfig):
+        raise TypeError(f"config must be a ParallelConfig, got {config!r}")
+    gpus = config.tp * config.pp * config.dp
+    if gpus != cluster.world_size:
+        raise ValueError(
+            f"tp*pp*dp = {config.tp}*{config.pp}*{config.dp} = {gpus} != the cluster's "
+            f"{cluster.world_size} GPUs; choose degrees whose product is the GPU count"
+        )
+    return _Context(spec, cluster, assumptions or PlannerAssumptions()).estimate(config, fit=False)
+
+
 class _Context:
     """Per-plan constants and caches, so each layout costs a few arithmetic operations."""
 
@@ -285,27 +346,8 @@ class _Context:
         return self._links[key]
 
     def memory(self, c: ParallelConfig) -> PeakMemory:
-        """Peak memory per GPU of layout ``c`` (:func:`~distlab.calc.memory.peak_bytes`)."""
-        spec = self.spec
-        return peak_bytes(
-            n_params=spec.n_params,
-            layers=spec.layers,
-            hidden=spec.hidden,
-            heads=spec.heads,
-            seq_len=spec.seq_len,
-            micro_batch=c.micro_batch,
-            micro_batches=c.micro_batches,
-            recipe=self.a.recipe,
-            zero_stage=c.zero_stage,
-            dp=c.dp,
-            tp=c.tp,
-            pp=c.pp,
-            sequence_parallel=c.sequence_parallel,
-            recompute=c.recompute,
-            schedule=c.schedule,
-            virtual_stages=c.virtual_stages,
-            largest_layer_params=spec.largest_layer_params,
-        )
+        """Peak memory per GPU of layout ``c`` (:func:`peak_memory`)."""
+        return peak_memory(self.spec, c, recipe=self.a.recipe)
 
     def slot_seconds(self, c: ParallelConfig, tp_link, pp_link) -> tuple[float, float, float]:
         """(compute, TP communication, PP sends) of one micro-batch through one stage."""
@@ -352,11 +394,11 @@ class _Context:
         )
         return volume.time_on(dp_link, all_reduce="auto") * (1 - self.a.dp_overlap)
 
-    def estimate(self, c: ParallelConfig) -> StepEstimate | None:
+    def estimate(self, c: ParallelConfig, *, fit: bool = True) -> StepEstimate | None:
         """Step time of layout ``c``: ``(m + bubble slots)`` micro-batch slots plus the exposed
-        data-parallel communication; ``None`` when it does not fit in memory."""
+        data-parallel communication; ``None`` when it does not fit in memory (unless ``fit=False``)."""
         mem = self.memory(c)
-        if mem.total > self.capacity:
+        if fit and mem.total > self.capacity:
             return None
         tp_link, dp_link, pp_link = self.links(c)
         compute, tp_s, pp_s = self.slot_seconds(c, tp_link, pp_link)

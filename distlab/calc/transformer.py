@@ -186,3 +186,56 @@ def gpt_shape_for(n_params: float, *, seq_len: int = 2048, vocab: int = 50257) -
         seq_len=seq_len,
         source="GPT shape chosen by distlab.calc.transformer.gpt_shape_for (h = 128 l)",
     )
+
+
+def rank_parameter_tensors(
+    spec: ModelSpec, *, tp: int = 1, pp: int = 1, stage: int = 0
+) -> tuple[int, ...]:
+    """Element counts of the parameter tensors one rank holds, Megatron-style.
+
+    Tensor parallelism (Shoeybi et al. 2019, Section 3): the column-parallel
+    matrices (q, k, v and the MLP's first matrix, or SwiGLU's gate and up)
+    are split by output rows together with their biases; the row-parallel
+    ones (attention output, MLP's last) by input columns, their biases whole
+    on every rank; norms whole. The vocabulary-parallel token embedding holds
+    ``ceil(V / tp)`` rows (padded, Megatron's ``make-vocab-size-divisible-by``).
+    Pipeline parallelism: stage ``stage`` of ``pp`` holds ``layers / pp``
+    layers, the first stage also the embeddings, the last one the final norm
+    and the output layer; with tied embeddings and pp > 1 the last stage keeps
+    its own copy of the embedding shard (Narayanan et al. 2021, Section 3;
+    :class:`distlab.parallel.pipeline.PipelineStage`'s ``tied``).
+    The sum over the tp ranks of a stage and the pp stages is :attr:`ModelSpec.n_params`
+    plus the vocabulary padding and that extra copy.
+
+    The order is the module's (``model.parameters()`` of distlab's GPT stage:
+    embeddings; per layer norm, q, k, v, output projection, norm, MLP, each
+    weight before its bias; final norm; output layer), which fixes where
+    :func:`distlab.calc.comm.zero_flat_groups` cuts its buckets.
+    """
+    t, p = positive_int("tp", tp), positive_int("pp", pp)
+    if not isinstance(stage, int) or not 0 <= stage < p:
+        raise ValueError(f"stage must be an integer in 0..{p - 1}, got {stage!r}")
+    divides("pp", p, "layers", spec.layers)
+    h, f = spec.hidden, spec.ffn
+    kv = (spec.kv_heads or spec.heads) * spec.head_dim
+    for name, size in (("hidden", h), ("key/value width", kv), ("ffn_hidden", f)):
+        if size % t:
+            raise ValueError(f"tp={t} must divide {name}={size}")
+    norm = [h, h] if spec.norm == "layernorm" else [h]
+
+    def linear(weight: int, bias: int) -> list[int]:
+        return [weight, bias] if spec.biases else [weight]
+
+    q, kv_pair = linear(h * h // t, h // t), linear(h * kv // t, kv // t) * 2  # column-parallel
+    attention = q + kv_pair + linear(h * h // t, h)  # output projection: row-parallel, bias whole
+    mlp = linear(f * h // t, f // t) * (2 if spec.gated_mlp else 1)  # fc1 (gate and up)
+    mlp += linear(h * f // t, h)  # fc2 (row-parallel)
+    tensors = (norm + attention + norm + mlp) * (spec.layers // p)
+    embedding = -(-spec.vocab // t) * h  # ceil(V / t) rows of h
+    if stage == 0:
+        tensors = [embedding] + ([spec.seq_len * h] if spec.learned_positions else []) + tensors
+    if stage == p - 1:
+        tensors += norm
+        if not spec.tied_embeddings or p > 1:
+            tensors.append(embedding)
+    return tuple(tensors)

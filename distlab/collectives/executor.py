@@ -130,6 +130,13 @@ class Traffic:
     messages: int = 0
     by_schedule: dict[str, int] = field(default_factory=dict)
 
+    def add(self, other: Traffic) -> None:
+        """Add ``other``'s counts to these."""
+        self.bytes_sent += other.bytes_sent
+        self.messages += other.messages
+        for key, n in other.by_schedule.items():
+            self.by_schedule[key] = self.by_schedule.get(key, 0) + n
+
 
 _traffic: contextvars.ContextVar[Traffic | None] = contextvars.ContextVar("traffic", default=None)
 
@@ -141,13 +148,20 @@ def count_traffic() -> Iterator[Traffic]:
     >>> with count_traffic() as t:            # doctest: +SKIP
     ...     ring_all_reduce(x)
     >>> t.bytes_sent                           # doctest: +SKIP
+
+    Counters nest: what an inner ``count_traffic`` counts is also added to
+    the one around it when the inner one closes (a per-call trace inside a
+    whole-step count, as :func:`distlab.parallel.comm_trace.trace_comm` does).
     """
+    outer = _traffic.get()
     traffic = Traffic()
     token = _traffic.set(traffic)
     try:
         yield traffic
     finally:
         _traffic.reset(token)
+        if outer is not None:
+            outer.add(traffic)
 
 
 def _record(schedule: Schedule, nbytes: int) -> None:

@@ -24,6 +24,7 @@ One idea per module, each short enough to read top to bottom:
 ``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
 ``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name
 ``three_d``         :func:`train_3d`: the tiny GPT with TP x PP x DP on one mesh
+``moe_gpt``         :func:`train_tp_ep`: the GPT with MoE blocks, TP x EP x DP
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by

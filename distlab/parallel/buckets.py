@@ -30,10 +30,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-DEFAULT_BUCKET_CAP_MB = 25.0  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb
-BYTES_PER_MB = (
-    2**20
-)  # DDP multiplies bucket_cap_mb by 1024 * 1024 (torch/nn/parallel/distributed.py)
+from distlab.calc.comm import (
+    BYTES_PER_MB,
+    DEFAULT_BUCKET_CAP_MB,  # noqa: F401 (re-exported)
+    bucket_indices,
+)
 
 
 def bucket_cap_bytes(bucket_cap_mb: float) -> float:
@@ -46,29 +47,13 @@ def bucket_cap_bytes(bucket_cap_mb: float) -> float:
 
 
 def assign_buckets(params: Sequence[torch.nn.Parameter], cap_bytes: float) -> list[list]:
-    """Cut ``params`` (already in the order gradients are expected) into buckets.
-
-    PyTorch's rule (``torch.distributed._compute_bucket_assignment_by_size``
-    with one size limit): add parameters to the current bucket until it holds
-    at least ``cap_bytes``, then start a new one; so a bucket exceeds the cap by
-    less than its last parameter. (With the *default* cap, PyTorch makes the
-    first bucket only 1 MiB, so the first all-reduce starts sooner; distlab
-    uses one cap for every bucket.)
+    """Cut ``params`` (already in the order gradients are expected) into buckets of
+    about ``cap_bytes``: PyTorch's rule, :func:`distlab.calc.comm.bucket_indices`.
+    (With the *default* cap, PyTorch makes the first bucket only 1 MiB, so the
+    first all-reduce starts sooner; distlab uses one cap for every bucket.)
     """
-    if not cap_bytes > 0:
-        raise ValueError(f"bucket cap must be > 0 bytes, got {cap_bytes!r}")
-    buckets: list[list] = []
-    current: list = []
-    size = 0
-    for p in params:
-        current.append(p)
-        size += p.numel() * p.element_size()
-        if size >= cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+    sizes = [p.numel() * p.element_size() for p in params]
+    return [[params[i] for i in bucket] for bucket in bucket_indices(sizes, cap_bytes)]
 
 
 def trainable_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -12,7 +12,8 @@ Every method in :mod:`distlab.parallel` talks to the other ranks through a
 It also counts the calls and elements per collective (``calls``,
 ``elements``), so a test can check that a wrapper really communicates; the
 *wire* bytes of distlab's algorithms are counted by
-:func:`distlab.collectives.count_traffic`.
+:func:`distlab.collectives.count_traffic`, and every call is reported to an
+open :func:`distlab.parallel.comm_trace.trace_comm` (by group name).
 
 Averaging is always "sum, then divide by the world size": the same rounding
 on every path, whatever the algorithm.
@@ -39,6 +40,8 @@ import torch
 import torch.distributed as dist
 
 from distlab.collectives import ALL_REDUCE, ring_all_gather, ring_reduce_scatter, tree_broadcast
+
+from .comm_trace import traced
 
 #: "builtin" plus the one-level all-reduces of the algorithm registry
 #: (:data:`distlab.collectives.registry.REGISTRY`, through :data:`distlab.collectives.ALL_REDUCE`)
@@ -81,10 +84,11 @@ class Collectives:
         self._count("all_reduce", tensor)
         if self.world_size == 1:
             return
-        if self.algorithm == "builtin":
-            dist.all_reduce(tensor, group=self.group)
-        else:
-            ALL_REDUCE[self.algorithm](tensor, "sum", self.group)
+        with traced("all_reduce", self.group, tensor):
+            if self.algorithm == "builtin":
+                dist.all_reduce(tensor, group=self.group)
+            else:
+                ALL_REDUCE[self.algorithm](tensor, "sum", self.group)
 
     def all_reduce_mean_(self, tensor: torch.Tensor) -> None:
         """In place: the average of ``tensor`` over the ranks."""
@@ -98,10 +102,11 @@ class Collectives:
         if self.world_size == 1:
             output.copy_(input.view(-1))
             return
-        if self.algorithm == "builtin":
-            dist.reduce_scatter_single(output, input, group=self.group)
-        else:
-            ring_reduce_scatter(output, input, "sum", self.group)
+        with traced("reduce_scatter", self.group, input):
+            if self.algorithm == "builtin":
+                dist.reduce_scatter_single(output, input, group=self.group)
+            else:
+                ring_reduce_scatter(output, input, "sum", self.group)
         output.div_(self.world_size)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
@@ -110,20 +115,22 @@ class Collectives:
         if self.world_size == 1:
             output.view(-1).copy_(input.view(-1))
             return
-        if self.algorithm == "builtin":
-            dist.all_gather_single(output, input, group=self.group)
-        else:
-            ring_all_gather(output, input, self.group)
+        with traced("all_gather", self.group, output):
+            if self.algorithm == "builtin":
+                dist.all_gather_single(output, input, group=self.group)
+            else:
+                ring_all_gather(output, input, self.group)
 
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
         """In place: every rank gets rank ``src``'s ``tensor``."""
         self._count("broadcast", tensor)
         if self.world_size == 1:
             return
-        if self.algorithm == "builtin":
-            dist.broadcast(tensor, src, group=self.group)
-        else:
-            tree_broadcast(tensor, src, self.group)
+        with traced("broadcast", self.group, tensor):
+            if self.algorithm == "builtin":
+                dist.broadcast(tensor, src, group=self.group)
+            else:
+                tree_broadcast(tensor, src, self.group)
 
 
 def broadcast_module_state(module: torch.nn.Module, comm: Collectives, src: int = 0) -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from distlab.parallel.comm_trace import name_groups
 from distlab.placement.groups import DEFAULT_ORDER, GROUP_NAMES, rank_groups
 
 
@@ -165,4 +166,5 @@ def build_mesh(*, tp=1, cp=1, pp=1, ep=1, dp=None, order=DEFAULT_ORDER) -> Paral
                 created[key] = dist.group.WORLD if len(key) == world_size else dist.new_group(key)
             if rank in ranks:
                 mine[name] = created[key]
+    name_groups(mine)  # an open trace_comm names its calls "tp", "dp", ...
     return ParallelMesh(layout, rank, mine)

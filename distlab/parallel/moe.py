@@ -44,6 +44,7 @@ from torch import nn
 
 from distlab.calc.comm import expert_capacity
 from distlab.collectives import all_to_all
+from distlab.parallel.comm_trace import traced
 
 #: ``"pairwise"``: distlab's all-to-all (send/recv); ``"builtin"``: ``dist.all_to_all_single``.
 ALL_TO_ALL_ALGORITHMS = ("pairwise", "builtin")
@@ -230,10 +231,11 @@ def exchange_blocks(x: torch.Tensor, group, algorithm: str) -> torch.Tensor:
     if dist.get_world_size(group) == 1:
         return x.clone()
     out = torch.empty_like(x)
-    if algorithm == "builtin":
-        dist.all_to_all_single(out, x, group=group)
-    else:
-        all_to_all(list(out.unbind(0)), list(x.unbind(0)), group)
+    with traced("all_to_all", group, x, name="ep"):
+        if algorithm == "builtin":
+            dist.all_to_all_single(out, x, group=group)
+        else:
+            all_to_all(list(out.unbind(0)), list(x.unbind(0)), group)
     return out
 
 

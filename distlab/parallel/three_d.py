@@ -6,18 +6,42 @@ the world of ``t * p * d`` ranks is one grid (:func:`~distlab.parallel.mesh.buil
 tensor parallelism innermost, pipeline outermost). Each rank
 
 1. holds its tensor-parallel shard (:class:`~distlab.parallel.tensor.ParallelGPT`)
-   of its pipeline stage's layers: the embedding and the first L/p blocks on
-   stage 0, ..., the last L/p blocks and the head on stage p - 1;
-2. runs one 1F1B step (:func:`~distlab.parallel.pipeline.run_pipeline`) on its
-   data-parallel replica's b/d sequences, sending activations to the same
-   (tp, dp) coordinate of the next stage; the t ranks of a stage run the
-   same schedule and meet in the tensor-parallel all-reduces;
-3. averages every gradient over its data-parallel group (the d ranks with the
-   same tp and pp coordinates hold the same shard), then steps SGD.
+   of its pipeline stage's layers. With v = ``chunks`` model chunks per rank the
+   L blocks are cut into p v virtual stages of L/(p v) blocks; chunk c of the
+   rank at stage r is virtual stage j = c p + r (Section 2.2.2), so stage r
+   holds chunks r, r + p, r + 2p, ... The embedding sits on virtual stage 0
+   (chunk 0 of stage 0), the head on virtual stage p v - 1 (the last chunk of
+   stage p - 1); with tied embeddings those two ranks add each other's part of
+   the shared weight's gradient;
+2. runs one pipeline step (:func:`~distlab.parallel.pipeline.run_pipeline`,
+   ``schedule`` "1f1b", "gpipe", "zb_h1" or "interleaved") on its data-parallel
+   replica's b/d sequences, sending activations to the same (tp, dp) coordinate
+   of the next stage; the t ranks of a stage run the same schedule and meet in
+   the tensor-parallel all-reduces. The interleaved schedule's bubble is
+   (p - 1)/(v m) of the ideal step instead of (p - 1)/m, for v times more
+   point-to-point messages (Section 2.2.2; :mod:`distlab.calc.pipeline`);
+3. updates its shard, in one of two ways over the d ranks with the same tp and
+   pp coordinates (which hold the same shard, Ψ_rank elements):
+
+   * ``zero_stage=0``: all-reduce (average) every gradient, then every rank
+     steps the optimizer on the whole shard: K Ψ_rank bytes of optimizer state
+     per rank (K = 4 for SGD with momentum, 8 for fp32 Adam);
+   * ``zero_stage=1`` (ZeRO-1, P_os; Rajbhandari et al. 2020, Section 5.1):
+     :class:`~distlab.parallel.zero.ZeroOptimizer` over the dp group
+     reduce-scatters the gradients, each rank updates its 1/d of the shard
+     with K Ψ_rank / d bytes of optimizer state, and an all-gather returns the
+     updated parameters. Ψ_rank (d - 1)/d elements in each collective: the same
+     2 Ψ_rank (d - 1)/d as the all-reduce it replaces (Section 7.2.1).
+     :func:`distlab.calc.memory.model_state_bytes` gives the same bytes (up to
+     fewer than d padding elements per flat bucket).
 
 Each replica's loss is the mean over its b/d sequences, so the mean of the d
 losses and of the d gradients is the full batch's: one step equals one
-single-process step on the whole batch, up to fp32 rounding.
+single-process step on the whole batch, up to fp32 rounding, and so does
+every optimizer step (SGD, momentum and Adam act element by element, so
+updating 1/d of the elements on each rank is the same update). Adam divides
+by the root of its second moment, so where a gradient nearly cancels it
+magnifies fp32 rounding: compare Adam runs with a looser tolerance than SGD's.
 """
 
 from __future__ import annotations
@@ -31,13 +55,25 @@ from torch import nn
 
 from distlab.models import GPT, GPTConfig
 from distlab.parallel.comm import Collectives
+from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
 from distlab.parallel.mesh import build_mesh
-from distlab.parallel.pipeline import PipelineStage, build, run_pipeline
+from distlab.parallel.pipeline import PipelineStage, Schedule, build, run_pipeline
 from distlab.parallel.tensor import ParallelGPT, TensorParallelComm, vocab_parallel_cross_entropy
 from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.tensor.layers import block_shard
 from distlab.parallel.tensor.ops import copy_to_tp
 from distlab.parallel.tensor.vocab import vocab_shard
+from distlab.parallel.zero import ZeroOptimizer
+from distlab.placement.groups import check_degrees as check_world_degrees
+
+#: optimizer name -> (torch class, its keyword arguments, the
+#: :data:`distlab.calc.memory.RECIPES` entry whose bytes per parameter it keeps)
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {}, "sgd"),
+    "sgd_momentum": (torch.optim.SGD, {"momentum": 0.9}, "sgd_momentum"),
+    "adam": (torch.optim.Adam, {}, "fp32_adam"),
+}
+ZERO_STAGES = (0, 1)  # ZeRO-2 and -3 shard gradients and parameters: distlab.parallel.zero, fsdp
 
 
 @dataclass
@@ -48,6 +84,8 @@ class ThreeDRun:
     coordinates: dict[str, int]  # {"tp": .., "pp": .., "dp": .., ...}
     losses: list[float] | None  # full-batch loss per step, on the last stage's ranks
     shards: dict[str, torch.Tensor]  # this rank's final parameters, by ParallelGPT name
+    parameters: int  # elements of this rank's (tp, pp) shard, Ψ_rank
+    optimizer_state_bytes: int  # measured: the storages of the optimizer's state tensors
 
 
 class _Embedding(nn.Module):
@@ -73,15 +111,34 @@ class _Head(nn.Module):
         return F.linear(copy_to_tp(self.ln_f(x), self.comm, "head in"), self.weight)
 
 
-def tp_gpt_stage(gpt: ParallelGPT, stage: int, stages: int) -> PipelineStage:
-    """Stage ``stage`` of ``stages`` of a tensor-parallel GPT: L/p blocks each, the
-    embedding on the first stage, the head and vocabulary-parallel loss on the last."""
-    per_stage = check_divisible("layers", len(gpt.blocks), stages, by="pipeline-parallel size")
-    layers: list[nn.Module] = list(gpt.blocks[stage * per_stage : (stage + 1) * per_stage])
-    if stage == 0:
-        layers.insert(0, _Embedding(gpt))
-    if stage == stages - 1:
-        layers.append(_Head(gpt))
+def blocks_per_chunk(layers: int, stages: int, chunks: int = 1) -> int:
+    """L/(p v) blocks in each of the p v virtual stages, or ``ValueError`` naming ``layers``."""
+    if chunks == 1:
+        return check_divisible("layers", layers, stages, by="pipeline-parallel size")
+    by = f"number of virtual stages pp*chunks = {stages}*{chunks} ="
+    return check_divisible("layers", layers, stages * chunks, by=by)
+
+
+def tp_gpt_stage(gpt: ParallelGPT, stage: int, stages: int, chunks: int = 1) -> PipelineStage:
+    """Rank ``stage``'s ``chunks`` model chunks of a tensor-parallel GPT cut into
+    ``stages * chunks`` virtual stages of L/(p v) blocks each.
+
+    Chunk c of rank r is virtual stage j = c p + r (Narayanan et al. 2021,
+    Section 2.2.2) and holds blocks j L/(p v) .. (j + 1) L/(p v) - 1; virtual
+    stage 0 (chunk 0 of rank 0) also holds the embedding, the last one
+    (chunk v - 1 of rank p - 1) the head and the vocabulary-parallel loss.
+    With tied embeddings those two ranks share ``tok.weight`` and add each
+    other's part of its gradient after the backward passes."""
+    virtual, per_chunk = stages * chunks, blocks_per_chunk(len(gpt.blocks), stages, chunks)
+    modules = {}
+    for chunk in range(chunks):
+        j = chunk * stages + stage
+        layers: list[nn.Module] = list(gpt.blocks[j * per_chunk : (j + 1) * per_chunk])
+        if j == 0:
+            layers.insert(0, _Embedding(gpt))
+        if j == virtual - 1:
+            layers.append(_Head(gpt))
+        modules[chunk] = nn.Sequential(*layers)
     tied, peer = [], None
     if gpt.config.tie_embeddings and stages > 1 and stage in (0, stages - 1):
         tied, peer = [gpt.tok.weight], stages - 1 - stage
@@ -91,7 +148,7 @@ def tp_gpt_stage(gpt: ParallelGPT, stage: int, stages: int) -> PipelineStage:
             logits, targets, gpt.comm, start=gpt.tok.start, vocab=gpt.config.vocab
         )
 
-    return PipelineStage(stage, stages, {0: nn.Sequential(*layers)}, loss_fn, tied, peer)
+    return PipelineStage(stage, stages, modules, loss_fn, tied, peer)
 
 
 def dense_shard(name: str, dense: torch.Tensor, t: int, rank: int, vocab: int) -> torch.Tensor:
@@ -109,19 +166,63 @@ def dense_shard(name: str, dense: torch.Tensor, t: int, rank: int, vocab: int) -
     return dense
 
 
-def check_degrees(world_size: int, config: GPTConfig, *, tp: int, pp: int, dp: int) -> None:
-    """``ValueError`` naming the value unless tp*pp*dp = world size, pp | layers, tp | heads."""
-    for name, degree in (("tp", tp), ("pp", pp), ("dp", dp)):
-        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {degree!r}")
-    if tp * pp * dp != world_size:
-        raise ValueError(
-            f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} != world_size={world_size}: "
-            f"choose degrees whose product is the number of processes"
-        )
-    check_divisible("layers", config.layers, pp, by="pipeline-parallel size")
+def check_degrees(
+    world_size: int, config: GPTConfig, *, tp: int, pp: int, dp: int, chunks: int = 1
+) -> None:
+    """``ValueError`` naming the value unless tp*pp*dp = world size
+    (:func:`distlab.placement.groups.check_degrees`), pp*chunks | layers,
+    tp | heads and tp | hidden."""
+    check_world_degrees(world_size, tp=tp, pp=pp, dp=dp, cp=1, ep=1)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
+    blocks_per_chunk(config.layers, pp, chunks)
     check_divisible("heads", config.heads, tp)
     check_divisible("hidden", config.hidden, tp)
+
+
+def check_options(
+    *, optimizer: str, zero_stage: int, schedule: str, pp: int, micro_batches: int, chunks: int = 1
+) -> Schedule:
+    """The pipeline schedule the options describe (:func:`~distlab.parallel.pipeline.build`),
+    or ``ValueError`` naming an unknown optimizer, ZeRO stage or schedule, or a
+    ``chunks``/``micro_batches`` the schedule cannot use (or ``chunks > 1`` with ``pp = 1``)."""
+    if optimizer not in OPTIMIZERS:
+        allowed = ", ".join(map(repr, OPTIMIZERS))
+        raise ValueError(f"unknown optimizer {optimizer!r}; allowed: {allowed}")
+    if isinstance(zero_stage, bool) or zero_stage not in ZERO_STAGES:
+        raise ValueError(
+            f"zero_stage must be 0 (average gradients over dp) or 1 (ZeRO-1: shard the optimizer "
+            f"state over dp), got {zero_stage!r}"
+        )
+    plan = build(schedule, pp, micro_batches, chunks=chunks)
+    if pp == 1 and chunks > 1:  # the executor would send each chunk's output to its own rank
+        raise ValueError(
+            f"chunks={chunks} needs pp >= 2: one pipeline stage has nothing to interleave"
+        )
+    return plan
+
+
+def average_gradients(stage: PipelineStage, data_parallel: Collectives) -> None:
+    """Plain data parallelism: every gradient of the stage averaged over the dp group."""
+    for p in stage.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        data_parallel.all_reduce_mean_(p.grad)
+
+
+def make_optimizer(stage: PipelineStage, name: str, lr: float, zero_stage: int, dp_group):
+    """``(optimizer, torch optimizer holding the state)`` for this rank's stage.
+
+    ``zero_stage=1``: :class:`~distlab.parallel.zero.ZeroOptimizer` over the dp
+    group; it reduce-scatters the gradients in ``step()``, updates this rank's
+    1/dp of the stage's flattened parameters and all-gathers them."""
+    torch_class, kwargs, _ = OPTIMIZERS[name]
+    if zero_stage == 0:
+        optimizer = torch_class(stage.parameters(), lr=lr, **kwargs)
+        return optimizer, optimizer
+    chunks = nn.ModuleList(stage.chunks.values())
+    zero = ZeroOptimizer(chunks, torch_class, stage=1, group=dp_group, lr=lr, **kwargs)
+    return zero, zero.optimizer
 
 
 def train_3d(
@@ -136,33 +237,51 @@ def train_3d(
     steps: int,
     lr: float,
     seed: int = 0,
+    optimizer: str = "sgd",
+    zero_stage: int = 0,
+    schedule: str = "1f1b",
+    chunks: int = 1,
 ) -> ThreeDRun:
-    """Train ``GPT(config, seed=seed)`` with plain SGD for ``steps`` 1F1B steps on the
-    batch ``tokens``/``targets`` (b sequences; each data-parallel replica takes b/dp of
-    them, cut into ``micro_batches``). Call on every rank inside ``distlab.run``."""
-    check_degrees(dist.get_world_size(), config, tp=tp, pp=pp, dp=dp)
+    """Train ``GPT(config, seed=seed)`` for ``steps`` pipeline steps on the batch
+    ``tokens``/``targets`` (b sequences; each data-parallel replica takes b/dp of
+    them, cut into ``micro_batches``). Call on every rank inside ``distlab.run``.
+
+    ``optimizer``: a key of :data:`OPTIMIZERS`; ``zero_stage``: 0 (all-reduce the
+    gradients over dp) or 1 (ZeRO-1 over dp); ``schedule``: a key of
+    :data:`distlab.calc.pipeline_schedule.GENERATORS`, with ``chunks`` = v model
+    chunks per rank for ``"interleaved"``."""
+    check_degrees(dist.get_world_size(), config, tp=tp, pp=pp, dp=dp, chunks=chunks)
+    plan = check_options(
+        optimizer=optimizer, zero_stage=zero_stage, schedule=schedule, pp=pp,
+        micro_batches=micro_batches, chunks=chunks,
+    )  # fmt: skip
     check_divisible("batch", tokens.shape[0], dp * micro_batches, by="dp * micro_batches")
     mesh = build_mesh(tp=tp, pp=pp, dp=dp)
     where = mesh.coordinates
     gpt = ParallelGPT(GPT(config, seed=seed), TensorParallelComm(group=mesh["tp"]))
-    stage = tp_gpt_stage(gpt, where["pp"], pp)
-    schedule = build("1f1b", pp, micro_batches)
+    stage = tp_gpt_stage(gpt, where["pp"], pp, chunks)
     data_parallel = Collectives(group=mesh["dp"])
-    optimizer = torch.optim.SGD(stage.parameters(), lr=lr)
+    step_with, state_holder = make_optimizer(stage, optimizer, lr, zero_stage, mesh["dp"])
     my_tokens, my_targets = tokens.chunk(dp)[where["dp"]], targets.chunk(dp)[where["dp"]]
     losses = []
     for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        run = run_pipeline(schedule, stage, my_tokens, my_targets, stage_ranks=mesh.ranks("pp"))
-        for p in stage.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            data_parallel.all_reduce_mean_(p.grad)
-        optimizer.step()
+        step_with.zero_grad(set_to_none=True)
+        run = run_pipeline(plan, stage, my_tokens, my_targets, stage_ranks=mesh.ranks("pp"))
+        if zero_stage == 0:
+            average_gradients(stage, data_parallel)
+        step_with.step()  # ZeRO-1: reduce-scatter, update 1/dp, all-gather
         if run.loss is not None:
             loss = torch.tensor([run.loss], dtype=torch.float64)
             data_parallel.all_reduce_mean_(loss)
             losses.append(loss.item())
     mine = {id(p) for p in stage.parameters()}
     shards = {n: p.detach().clone() for n, p in gpt.named_parameters() if id(p) in mine}
-    return ThreeDRun(dist.get_rank(), where, losses if mesh.is_last_stage else None, shards)
+    states, _ = optimizer_state_tensors(state_holder)
+    return ThreeDRun(
+        dist.get_rank(),
+        where,
+        losses if mesh.is_last_stage else None,
+        shards,
+        sum(p.numel() for p in stage.parameters()),
+        storage_bytes(states),
+    )

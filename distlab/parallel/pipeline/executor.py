@@ -46,6 +46,7 @@ import torch.distributed as dist
 from distlab.calc.pipeline_replay import TimedAction, Timeline, check
 from distlab.calc.pipeline_schedule import Action, Schedule, with_communication
 
+from ..comm_trace import record_p2p
 from .stage import PipelineStage
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -175,6 +176,8 @@ class _Runner:
         peer = self.peers[self.schedule.rank_of(to_stage)]
         self.sends += [dist.isend(header, peer, tag=tag), dist.isend(tensor, peer, tag=tag + 1)]
         self.sent += [header, tensor]
+        record_p2p("send header", "pp", len(self.peers), header)
+        record_p2p("send", "pp", len(self.peers), tensor)
 
     def _recv(self, from_stage: int, tag: int) -> torch.Tensor:
         peer = self.peers[self.schedule.rank_of(from_stage)]
@@ -183,6 +186,8 @@ class _Runner:
         ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
         tensor = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=self.device)
         dist.recv(tensor, peer, tag=tag + 1)
+        record_p2p("recv header", "pp", len(self.peers), header)
+        record_p2p("recv", "pp", len(self.peers), tensor)
         return tensor
 
     # -- actions ----------------------------------------------------------------
@@ -295,4 +300,6 @@ class _Runner:
             work = dist.isend(mine.contiguous(), peer, tag=1 << 30)
             dist.recv(theirs, peer, tag=1 << 30)
             work.wait()
+            record_p2p("send", "embedding", 2, mine)
+            record_p2p("recv", "embedding", 2, theirs)
             p.grad = mine + theirs

@@ -30,9 +30,19 @@ class ParallelGPT(nn.Module):
     ``loss(tokens, targets)`` the mean cross-entropy, equal on every rank.
     After ``loss.backward()`` call :meth:`finish_gradients` (sums the gradients
     of sequence-parallel LayerNorms and biases; nothing to do without SP).
+    ``make_block(dense_block, comm, sequence_parallel=...)`` builds each block
+    (default :class:`ParallelBlock`; :mod:`distlab.parallel.moe_gpt` passes one
+    that makes the MoE blocks expert-parallel).
     """
 
-    def __init__(self, dense: GPT, comm: TensorParallelComm, *, sequence_parallel=False):
+    def __init__(
+        self,
+        dense: GPT,
+        comm: TensorParallelComm,
+        *,
+        sequence_parallel=False,
+        make_block=ParallelBlock,
+    ):
         super().__init__()
         c = dense.config
         t = comm.world_size
@@ -45,7 +55,7 @@ class ParallelGPT(nn.Module):
         self.tok = VocabParallelEmbedding(dense.tok, comm, sequence_parallel=sequence_parallel)
         self.pos = copy.deepcopy(dense.pos)
         self.blocks = nn.ModuleList(
-            ParallelBlock(b, comm, sequence_parallel=sequence_parallel) for b in dense.blocks
+            make_block(b, comm, sequence_parallel=sequence_parallel) for b in dense.blocks
         )
         self.ln_f = copy.deepcopy(dense.ln_f)
         if not c.tie_embeddings:  # the output layer's own rows, padded like the embedding's

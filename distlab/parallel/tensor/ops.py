@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from distlab.collectives import ring_reduce_scatter
 from distlab.parallel.comm import Collectives
+from distlab.parallel.comm_trace import traced
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,12 @@ class TensorParallelComm(Collectives):
         self._count("reduce_scatter", input)
         if self.world_size == 1:
             output.view(-1).copy_(input.view(-1))
-        elif self.algorithm == "builtin":
-            dist.reduce_scatter_single(output, input, group=self.group)
-        else:
-            ring_reduce_scatter(output, input, "sum", self.group)
+            return
+        with traced("reduce_scatter", self.group, input):
+            if self.algorithm == "builtin":
+                dist.reduce_scatter_single(output, input, group=self.group)
+            else:
+                ring_reduce_scatter(output, input, "sum", self.group)
 
     def record(self, phase: str, collective: str, where: str, tensor: torch.Tensor) -> None:
         self.log.append(CommEvent(phase, collective, where, tensor.numel()))

@@ -1,0 +1,309 @@
+"""The tiny GPT with mixture-of-experts MLPs, trained with TP x EP x DP at once.
+
+**The model.** :class:`MoEGPT` is :class:`distlab.models.GPT` with the MLP of
+every ``every``-th block replaced by a :class:`~distlab.parallel.moe.MoE`
+(router + ``E`` expert MLPs; Switch Transformer, Fedus et al. 2021, Section 2.1;
+GShard, Lepikhin et al. 2020, Section 2.1, replaces every other block's;
+Megatron-core calls ``every`` ``--moe-layer-freq``). Each MoE layer routes
+top-k with a per-expert capacity and drops the overflow (Switch, Section 2.2)::
+
+    C = ceil(capacity_factor * tokens_per_group * top_k / E)     (expert_capacity)
+
+and adds the load-balancing loss ``E * sum_i f_i P_i`` (Switch, Section 2.2,
+eq. 4) to the training loss, times ``aux_weight``, summed over the MoE layers.
+
+**Routing groups.** Capacity is counted per *group* of tokens, not per batch:
+GShard (Section 2.2, "local group dispatching", and Algorithm 1) splits the
+batch into G groups, routes each on its own and averages the balancing loss
+over them; with data parallelism each replica's
+b/dp sequences are one group. So the single-process reference routes the
+whole batch in ``routing_groups = dp`` slices (:class:`GroupedMoE`), the same
+slices the replicas get, and then equals the distributed run exactly.
+
+**The parallel model** (:func:`parallel_moe_gpt`): attention, embedding and
+dense MLPs are Megatron tensor-parallel exactly as in
+:class:`~distlab.parallel.tensor.ParallelGPT`; a MoE layer is an
+:class:`~distlab.parallel.moe.ExpertParallelMoE` over the ``"ep"`` group of
+:func:`~distlab.parallel.mesh.build_mesh`: the ranks with the same TP
+coordinate in the data-parallel dimension, each holding ``E/ep`` whole experts
+(expert tensor parallelism 1). The TP ranks of a replica hold the same
+residual stream, so they compute the same routing on the same tokens, each in
+its own EP group; their expert gradients are equal and need no TP reduction.
+
+*Megatron-core does it differently*: with TP and EP it requires sequence
+parallelism (Megatron-core MoE README, "Parallelism"), so each TP rank holds
+s/t of the tokens, routes only those, and its all-to-all spans the TP x EP
+ranks; no expert work is repeated. We keep the TP ranks' tokens whole because
+distlab's :class:`ParallelGPT` keeps the full sequence on every TP rank (no
+sequence parallelism here): splitting would add a scatter and a gather around
+each MoE layer and tie the expert placement to tp. The price is that each TP
+rank repeats its replica's expert compute and all-to-alls (t-fold).
+
+**Gradients** (:func:`~distlab.parallel.moe.average_moe_gradients`). Each
+replica r's loss L_r is the mean over its b/dp sequences, the job's loss
+L = (1/dp) sum_r L_r. A dense parameter (TP shard, LayerNorm, router) is
+averaged over the ``dp`` ranks with its TP coordinate:
+g = (1/dp) sum_r dL_r/dw. An expert's local gradient already sums
+dL_r/dw over the replicas r of its ``ep`` group (their tokens came back
+through the all-to-all), so it is summed over the ``expert_dp = dp/ep`` ranks
+holding the same expert and divided by dp, giving the same
+(1/dp) sum_r dL_r/dw (Megatron-core's expert-data-parallel group). With
+world 8: tp = 2, dp = 4 = ep 2 x expert_dp 2.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distlab.calc.comm import expert_capacity
+from distlab.collectives import count_traffic
+from distlab.models import GPT, GPTBlock, GPTConfig
+from distlab.parallel.comm import Collectives
+from distlab.parallel.mesh import build_mesh
+from distlab.parallel.moe import ExpertParallelMoE, MoE, average_moe_gradients
+from distlab.parallel.tensor import (
+    ParallelBlock,
+    ParallelGPT,
+    ParallelSelfAttention,
+    TensorParallelComm,
+)
+from distlab.parallel.tensor.checks import check_divisible
+from distlab.placement.groups import check_degrees
+
+#: the key :func:`distlab.collectives.count_traffic` files distlab's all-to-all under
+ALL_TO_ALL_TRAFFIC = "pairwise_all_to_all"
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The MoE layers of a :class:`MoEGPT`: ``num_experts`` experts of ``ffn_hidden``
+    (default 4 x hidden, like the dense MLP), top-k routing, capacity factor, and
+    a MoE in place of the MLP of blocks ``every-1, 2*every-1, ...``."""
+
+    num_experts: int = 4
+    top_k: int = 1
+    capacity_factor: float = 1.25
+    every: int = 2
+    ffn_hidden: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.top_k not in (1, 2):
+            raise ValueError(f"top_k must be 1 or 2, got {self.top_k!r}")
+        expert_capacity(1, self.num_experts, top_k=self.top_k,
+                        capacity_factor=self.capacity_factor)  # fmt: skip
+
+    def is_moe_block(self, index: int) -> bool:
+        return (index + 1) % self.every == 0
+
+
+class GroupedMoE(MoE):
+    """A :class:`MoE` that routes ``groups`` equal slices of its batch one after the
+    other, each with its own capacity (GShard's groups, Algorithm 1); ``aux_loss``
+    is the mean of the slices' balancing losses, ``routings`` their :class:`Routing` s.
+    Other arguments as :class:`MoE`."""
+
+    def __init__(self, *args, groups: int = 1, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"groups must be an integer >= 1, got {groups!r}")
+        self.groups = groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_divisible("batch", x.shape[0], self.groups, by="number of routing groups")
+        outputs, losses, self.routings = [], [], []
+        for part in x.chunk(self.groups):
+            outputs.append(super().forward(part))
+            losses.append(self.aux_loss)
+            self.routings.append(self.routing)
+        self.aux_loss = torch.stack(losses).mean()
+        return torch.cat(outputs)
+
+
+class MoEGPT(GPT):
+    """``GPT(config, seed=seed)`` with a :class:`GroupedMoE` as the MLP of each MoE block.
+
+    The MoE layer of block i is seeded ``seed + 1 + i``. ``routing_groups``: route
+    the batch in that many slices (set it to the data-parallel size to match a
+    data-parallel run). Train on ``loss(tokens, targets) + aux_weight * aux_loss(model)``.
+    """
+
+    def __init__(
+        self, config: GPTConfig, moe: MoEConfig, *, seed: int = 0, routing_groups: int = 1
+    ) -> None:
+        super().__init__(config, seed=seed)
+        self.moe_config = moe
+        for i, block in enumerate(self.blocks):
+            if moe.is_moe_block(i):
+                block.mlp = GroupedMoE(
+                    config.hidden, moe.ffn_hidden or 4 * config.hidden, moe.num_experts,
+                    top_k=moe.top_k, capacity_factor=moe.capacity_factor, seed=seed + 1 + i,
+                    groups=routing_groups,
+                )  # fmt: skip
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    """The MoE layers of ``model`` (dense or expert-parallel), in order."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def aux_loss(model: nn.Module) -> torch.Tensor:
+    """Sum of the load-balancing losses the MoE layers left from the last forward."""
+    return sum(layer.aux_loss for layer in moe_layers(model))
+
+
+class ParallelMoEBlock(nn.Module):
+    """A MoE block of :class:`MoEGPT`: tensor-parallel attention, expert-parallel MoE.
+
+    Input and output are the whole ``(b, s, h)`` on every TP rank (no sequence
+    parallelism), so the MoE sees the same tokens on each TP rank.
+    """
+
+    def __init__(self, dense: GPTBlock, comm: TensorParallelComm, ep_group, algorithm: str):
+        super().__init__()
+        self.ln1 = copy.deepcopy(dense.ln1)
+        self.attn = ParallelSelfAttention(dense.attn, comm)
+        self.ln2 = copy.deepcopy(dense.ln2)
+        self.mlp = ExpertParallelMoE.from_dense(dense.mlp, group=ep_group, algorithm=algorithm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+def parallel_moe_gpt(
+    dense: MoEGPT, comm: TensorParallelComm, ep_group, *, algorithm: str = "pairwise"
+) -> ParallelGPT:
+    """This rank's share of ``dense``: a :class:`ParallelGPT` whose MoE blocks are
+    :class:`ParallelMoEBlock` s (experts spread over ``ep_group``, all-to-all
+    ``algorithm`` as in :data:`distlab.parallel.moe.ALL_TO_ALL_ALGORITHMS`)."""
+
+    def make_block(block: GPTBlock, comm: TensorParallelComm, *, sequence_parallel: bool):
+        if isinstance(block.mlp, MoE):
+            return ParallelMoEBlock(block, comm, ep_group, algorithm)
+        return ParallelBlock(block, comm, sequence_parallel=sequence_parallel)
+
+    return ParallelGPT(dense, comm, make_block=make_block)
+
+
+def dense_expert_name(name: str, ep_rank: int, local_experts: int) -> str:
+    """The dense name of a parallel parameter: local expert ``j`` of EP rank ``r`` is
+    dense expert ``r * E/ep + j`` (``...mlp.experts.1.fc1.weight`` on EP rank 1 of
+    2 with 4 experts -> ``...mlp.experts.3.fc1.weight``); other names are unchanged."""
+    head, marker, rest = name.partition(".experts.")
+    if not marker:
+        return name
+    local, tail = rest.split(".", 1)
+    return f"{head}.experts.{ep_rank * local_experts + int(local)}.{tail}"
+
+
+@dataclass(frozen=True)
+class MoELayerStats:
+    """One MoE layer's routing on one rank in one step: assignments per expert
+    before dropping, the capacity ``C`` per expert, and the assignments dropped."""
+
+    routed: tuple[int, ...]
+    capacity: int
+    dropped: int
+
+
+@dataclass
+class TpEpRun:
+    """What one rank of :func:`train_tp_ep` returns."""
+
+    rank: int
+    coordinates: dict[str, int]  # {"tp": .., "dp": .., "ep": .., "expert_dp": .., ...}
+    losses: list[float]  # full-batch loss (cross-entropy + aux) before each step
+    shards: dict[str, torch.Tensor]  # final parameters, by ParallelGPT name
+    all_to_all_bytes: list[int]  # bytes this rank sent in all-to-alls, per step
+    moe_stats: list[list[MoELayerStats]]  # per step, per MoE layer
+
+
+def check_tp_ep(
+    world_size: int,
+    config: GPTConfig,
+    moe: MoEConfig,
+    *,
+    tp: int,
+    ep: int,
+    dp: int,
+    batch: int,
+    steps: int = 1,
+    aux_weight: float = 0.0,
+) -> None:
+    """``ValueError`` naming the value unless tp * dp = world size, ep | dp,
+    tp | hidden and heads, ep | num_experts, dp | batch, steps >= 1 and
+    aux_weight >= 0 (checked by every rank before the first collective, so
+    every rank raises the same error)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if isinstance(aux_weight, bool) or not isinstance(aux_weight, (int, float)) or aux_weight < 0:
+        raise ValueError(f"aux_weight must be a number >= 0, got {aux_weight!r}")
+    check_degrees(world_size, tp=tp, pp=1, dp=dp, cp=1, ep=ep)
+    check_divisible("hidden", config.hidden, tp)
+    check_divisible("heads", config.heads, tp)
+    check_divisible("num_experts", moe.num_experts, ep, by="expert-parallel size ep")
+    check_divisible("batch", batch, dp, by="data-parallel size dp")
+
+
+def train_tp_ep(
+    config: GPTConfig,
+    moe: MoEConfig,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    tp: int,
+    ep: int,
+    dp: int,
+    steps: int,
+    lr: float,
+    aux_weight: float,
+    seed: int = 0,
+    algorithm: str = "ring",
+) -> TpEpRun:
+    """Train ``MoEGPT(config, moe, seed=seed)`` with SGD for ``steps`` steps on
+    ``tokens``/``targets`` (b sequences, b/dp per data-parallel replica), loss
+    ``cross-entropy + aux_weight * sum of the layers' balancing losses``.
+    ``algorithm``: the TP and DP all-reduces (:data:`distlab.parallel.comm.ALGORITHMS`);
+    ``"builtin"`` also makes the all-to-alls torch's (then not counted in
+    ``all_to_all_bytes``). Call on every rank inside ``distlab.run``."""
+    check_tp_ep(
+        dist.get_world_size(), config, moe, tp=tp, ep=ep, dp=dp, batch=tokens.shape[0],
+        steps=steps, aux_weight=aux_weight,
+    )  # fmt: skip
+    mesh = build_mesh(tp=tp, ep=ep, dp=dp)
+    where = mesh.coordinates
+    comm = TensorParallelComm(algorithm, group=mesh["tp"])
+    all_to_all = "builtin" if algorithm == "builtin" else "pairwise"
+    gpt = parallel_moe_gpt(MoEGPT(config, moe, seed=seed), comm, mesh["ep"], algorithm=all_to_all)
+    data_parallel = Collectives(algorithm, group=mesh["dp-cp"])
+    optimizer = torch.optim.SGD(gpt.parameters(), lr=lr)
+    my_tokens, my_targets = tokens.chunk(dp)[where["dp"]], targets.chunk(dp)[where["dp"]]
+    losses, sent, stats = [], [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        with count_traffic() as traffic:
+            loss = gpt.loss(my_tokens, my_targets) + aux_weight * aux_loss(gpt)
+            loss.backward()
+        average_moe_gradients(gpt, mesh, algorithm=algorithm)
+        optimizer.step()
+        total = loss.detach().double().reshape(1)
+        data_parallel.all_reduce_mean_(total)
+        losses.append(total.item())
+        sent.append(traffic.by_schedule.get(ALL_TO_ALL_TRAFFIC, 0))
+        stats.append([_stats(layer) for layer in moe_layers(gpt)])
+    shards = {n: p.detach().clone() for n, p in gpt.named_parameters()}
+    return TpEpRun(dist.get_rank(), where, losses, shards, sent, stats)
+
+
+def _stats(layer: MoE) -> MoELayerStats:
+    routing = layer.routing
+    return MoELayerStats(tuple(routing.routed.tolist()), routing.capacity, routing.dropped)
