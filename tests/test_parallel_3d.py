@@ -212,3 +212,22 @@ def test_bad_degrees_end_the_job_with_the_rank_traceback():
     with pytest.raises(distlab.RankError) as failure:
         distlab.run(_train, 2, args=(2, 2, 1, CONFIG, options), timeout=60, show_output=False)
     assert "tp=2 x cp=1 x dp=1 x pp=2 = 4 must equal world_size=2" in failure.value.remote_traceback
+
+
+def test_plain_sgd_equals_torch_sgd_bit_for_bit():
+    """PlainSGD (train_3d's "sgd" without ZeRO) takes exactly torch.optim.SGD's steps."""
+    from distlab.parallel.three_d import PlainSGD
+
+    def train(make):
+        model = GPT(CONFIG, seed=0)
+        optimizer = make(model.parameters())
+        for step in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            model.loss(*gpt_batch(4, CONFIG, seed=step)).backward()
+            optimizer.step()
+        return model.state_dict()
+
+    ours = train(lambda params: PlainSGD(params, lr=LR))
+    torch_sgd = train(lambda params: torch.optim.SGD(params, lr=LR))
+    assert all(torch.equal(ours[k], torch_sgd[k]) for k in ours)
+    assert not torch.equal(ours["tok.weight"], GPT(CONFIG, seed=0).state_dict()["tok.weight"])

@@ -210,6 +210,31 @@ def average_gradients(stage: PipelineStage, data_parallel: Collectives) -> None:
         data_parallel.all_reduce_mean_(p.grad)
 
 
+class PlainSGD:
+    """SGD without momentum, written out: ``p -= lr * p.grad``, what ``torch.optim.SGD(params, lr)``
+    computes, with no state.
+
+    Why not ``torch.optim.SGD``: its first ``zero_grad``/``step`` imports ``torch._dynamo``
+    (and sympy), about 70 MB per process; the 8 ranks of notebook 09 on a 2 GB machine
+    (Binder) cannot afford it. Momentum, Adam and ZeRO-1 still use torch's optimizers."""
+
+    def __init__(self, params, lr: float) -> None:
+        self.params, self.lr, self.state = list(params), lr, {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+
+
 def make_optimizer(stage: PipelineStage, name: str, lr: float, zero_stage: int, dp_group):
     """``(optimizer, torch optimizer holding the state)`` for this rank's stage.
 
@@ -217,6 +242,9 @@ def make_optimizer(stage: PipelineStage, name: str, lr: float, zero_stage: int, 
     group; it reduce-scatters the gradients in ``step()``, updates this rank's
     1/dp of the stage's flattened parameters and all-gathers them."""
     torch_class, kwargs, _ = OPTIMIZERS[name]
+    if zero_stage == 0 and name == "sgd":
+        optimizer = PlainSGD(stage.parameters(), lr=lr)
+        return optimizer, optimizer
     if zero_stage == 0:
         optimizer = torch_class(stage.parameters(), lr=lr, **kwargs)
         return optimizer, optimizer
