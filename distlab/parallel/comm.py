@@ -96,18 +96,23 @@ class Collectives:
         if self.world_size > 1:
             tensor.div_(self.world_size)
 
-    def reduce_scatter_mean(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        """``output`` (n elements) = the average over ranks of block ``rank`` of ``input`` (K*n)."""
+    def reduce_scatter_sum(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """``output`` (n elements) = the sum over ranks of block ``rank`` of ``input`` (K*n)."""
         self._count("reduce_scatter", input)
         if self.world_size == 1:
-            output.copy_(input.view(-1))
+            output.view(-1).copy_(input.view(-1))
             return
         with traced("reduce_scatter", self.group, input):
             if self.algorithm == "builtin":
                 dist.reduce_scatter_single(output, input, group=self.group)
             else:
                 ring_reduce_scatter(output, input, "sum", self.group)
-        output.div_(self.world_size)
+
+    def reduce_scatter_mean(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """``output`` (n elements) = the average over ranks of block ``rank`` of ``input`` (K*n)."""
+        self.reduce_scatter_sum(output, input)
+        if self.world_size > 1:
+            output.div_(self.world_size)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """``output`` (K*n elements) = every rank's ``input`` (n elements), in rank order."""

@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from distlab.collectives import ring_reduce_scatter
 from distlab.parallel.comm import Collectives
-from distlab.parallel.comm_trace import traced
 
 
 @dataclass(frozen=True)
@@ -65,18 +63,6 @@ class TensorParallelComm(Collectives):
                 f"rank {dist.get_rank()} is not in the tensor-parallel group {members}: "
                 f"build the layers only on the group's ranks"
             )
-
-    def reduce_scatter_sum(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        """``output`` (n elements) = the sum over ranks of block ``rank`` of ``input`` (t*n)."""
-        self._count("reduce_scatter", input)
-        if self.world_size == 1:
-            output.view(-1).copy_(input.view(-1))
-            return
-        with traced("reduce_scatter", self.group, input):
-            if self.algorithm == "builtin":
-                dist.reduce_scatter_single(output, input, group=self.group)
-            else:
-                ring_reduce_scatter(output, input, "sum", self.group)
 
     def record(self, phase: str, collective: str, where: str, tensor: torch.Tensor) -> None:
         self.log.append(CommEvent(phase, collective, where, tensor.numel()))
