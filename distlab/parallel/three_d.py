@@ -58,6 +58,7 @@ from distlab.parallel.comm import Collectives
 from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
 from distlab.parallel.mesh import build_mesh
 from distlab.parallel.pipeline import PipelineStage, Schedule, build, run_pipeline
+from distlab.parallel.pipeline.partition import GPTEmbedding
 from distlab.parallel.tensor import ParallelGPT, TensorParallelComm, vocab_parallel_cross_entropy
 from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.tensor.layers import block_shard
@@ -86,17 +87,6 @@ class ThreeDRun:
     shards: dict[str, torch.Tensor]  # this rank's final parameters, by ParallelGPT name
     parameters: int  # elements of this rank's (tp, pp) shard, Ψ_rank
     optimizer_state_bytes: int  # measured: the storages of the optimizer's state tensors
-
-
-class _Embedding(nn.Module):
-    """Stage 0's first layer: vocabulary-parallel token embedding + position embedding."""
-
-    def __init__(self, gpt: ParallelGPT) -> None:
-        super().__init__()
-        self.tok, self.pos = gpt.tok, gpt.pos
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
 
 
 class _Head(nn.Module):
@@ -135,7 +125,7 @@ def tp_gpt_stage(gpt: ParallelGPT, stage: int, stages: int, chunks: int = 1) -> 
         j = chunk * stages + stage
         layers: list[nn.Module] = list(gpt.blocks[j * per_chunk : (j + 1) * per_chunk])
         if j == 0:
-            layers.insert(0, _Embedding(gpt))
+            layers.insert(0, GPTEmbedding(gpt))  # tok is vocabulary-parallel here
         if j == virtual - 1:
             layers.append(_Head(gpt))
         modules[chunk] = nn.Sequential(*layers)

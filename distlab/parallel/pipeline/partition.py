@@ -21,7 +21,9 @@ from distlab.models import GPT
 
 
 class GPTEmbedding(nn.Module):
-    """The GPT's first layer: token + position embeddings (the GPT's own modules, shared)."""
+    """The GPT's first layer: token + position embeddings (the GPT's own modules, shared).
+    Also serves a :class:`~distlab.parallel.tensor.ParallelGPT`, whose ``tok`` is
+    vocabulary-parallel."""
 
     def __init__(self, model: GPT) -> None:
         super().__init__()
