@@ -36,11 +36,11 @@ import yaml
 
 from distlab import grading
 from flashcards.course_order import notebook_sections
+from flashcards.model import SLUG
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data" / "seed_facts.yaml"
 _FOLDER = re.compile(r"\d\d-[a-z0-9]+(?:-[a-z0-9]+)*")
-_SECTION = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 MISSING_NOTEBOOK = "missing notebook"
 UNKNOWN_NOTEBOOK = "unknown notebook"
@@ -84,7 +84,7 @@ def _fail(where: str, problem: str) -> ValueError:
 
 def _check_anchor_syntax(where: str, anchor: object) -> str:
     folder, hash_, section = anchor.partition("#") if isinstance(anchor, str) else ("", "", "")
-    if not _FOLDER.fullmatch(folder) or (hash_ and not _SECTION.fullmatch(section)):
+    if not _FOLDER.fullmatch(folder) or (hash_ and not SLUG.fullmatch(section)):
         raise _fail(
             where,
             f"anchor {anchor!r} is not 'NN-folder' or 'NN-folder#heading-slug' "

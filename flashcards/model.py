@@ -64,8 +64,8 @@ NOTEBOOK_FOLDERS = (
 DEFAULT_REL_TOL = 1e-3
 DECK_ENV_VAR = "DISTLAB_FLASHCARDS_DECK"
 
-_SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-_ANCHOR = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+#: a slug: lower-case words of a-z and 0-9 joined by single "-" (card ids, notebook section anchors)
+SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _CARD_KEYS = {"id", "type", "tags", "notebook", "q", "a", "text", "extra", "checks"}
 CARD_TYPES = ("basic", "cloze")
 _FIELDS_OF_TYPE = {"basic": ("q", "a"), "cloze": ("text",)}
@@ -281,7 +281,7 @@ def _parse_card(raw: Any, *, path: Path, index: int, topic: str) -> list[Card]:
     if not isinstance(raw, dict):
         raise DeckError(f"{where}: expected a mapping with fields {sorted(_CARD_KEYS)}")
     slug = raw.get("id")
-    if not isinstance(slug, str) or not _SLUG.match(slug):
+    if not isinstance(slug, str) or not SLUG.match(slug):
         raise DeckError(f"{where}: field 'id' must be a slug of [a-z0-9-]+, got {slug!r}")
     where = f"{path}: card {slug!r} (#{index})"
 
@@ -295,7 +295,7 @@ def _parse_card(raw: Any, *, path: Path, index: int, topic: str) -> list[Card]:
     if not isinstance(tags, list) or not tags:
         raise fail("tags", f"must be a non-empty list, got {tags!r}")
     for tag in tags:
-        if not isinstance(tag, str) or not _SLUG.match(tag):
+        if not isinstance(tag, str) or not SLUG.match(tag):
             raise fail("tags", f"has {tag!r}; tags are [a-z0-9-]+ without spaces")
     if tags[0] != topic:
         raise fail("tags", f"must start with the topic tag {topic!r}, got {tags!r}")
@@ -306,7 +306,7 @@ def _parse_card(raw: Any, *, path: Path, index: int, topic: str) -> list[Card]:
         raise fail("tags", f"repeats a tag: {tags!r}")
     notebook = raw.get("notebook")
     folder, _, anchor = notebook.partition("#") if isinstance(notebook, str) else ("", "", "")
-    if folder not in NOTEBOOK_FOLDERS or (anchor and not _ANCHOR.match(anchor)):
+    if folder not in NOTEBOOK_FOLDERS or (anchor and not SLUG.match(anchor)):
         raise fail(
             "notebook",
             f"is {notebook!r}; expected '<folder>#<section>' with folder one of {NOTEBOOK_FOLDERS}",

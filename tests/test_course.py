@@ -17,6 +17,7 @@ import nbformat
 import pytest
 
 from distlab import grading
+from flashcards.course_order import notebook_sections
 
 ROOT = grading.find_course_root()
 ASSIGNMENTS = grading.assignment_names(ROOT)
@@ -73,10 +74,6 @@ def _cells(path: Path) -> list[tuple]:
 
 def _graded(nb) -> list:
     return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
-
-
-def _slug(heading: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
 
 
 # ------------------------------------------------------------ static checks ---
@@ -143,13 +140,9 @@ def test_flashcard_sections_match_notebook_headings():
     deck = flashcards_model.load_deck()
     sections = {}
     for assignment, name in NOTEBOOKS:
-        nb = nbformat.read(ROOT / "solutions" / assignment / f"{name}.ipynb", as_version=4)
-        headings = re.findall(
-            r"^#+\s+(.+)$",
-            "\n".join(c.source for c in nb.cells if c.cell_type == "markdown"),
-            re.MULTILINE,
-        )
-        sections[assignment] = {_slug(h) for h in headings}
+        path = ROOT / "solutions" / assignment / f"{name}.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        sections[assignment] = set(notebook_sections(path))  # slugs as the deck writes them
         for cell in _graded(nb):
             anchor = cell.metadata["distlab"]["flashcards"]
             assert deck.filter(notebook=anchor), f"no flashcards for {anchor}"
