@@ -26,13 +26,13 @@ and prints three things from one invocation:
    and from each group's traffic on its link
    (:func:`distlab.calc.three_d.layout_step_time`), for this tiny GPT and for
    LLaMA-2 7B (the planner's ``7B`` preset, micro-batch 1, 8 micro-batches);
-3. one benchmark table from one run of each layout: the median step time of the slowest rank (the time
-between the ends of consecutive ``optimizer.step()`` calls, seen through a
-global optimizer hook, the first step left out as warm-up), the largest
-per-rank parameter, gradient and optimizer-state bytes at the end of the run
-(the rank's parameters, as many gradient bytes, and
-:attr:`~distlab.parallel.three_d.ThreeDRun.optimizer_state_bytes`), the largest peak activation bytes the pipeline executor kept
-(:attr:`~distlab.parallel.pipeline.RankRun.peak_activation_bytes`), the
+3. one benchmark table from one run of each layout: the median step time of the slowest rank
+(:attr:`~distlab.parallel.three_d.ThreeDRun.step_seconds`, the first step left out as
+warm-up), the largest per-rank parameter, gradient and optimizer-state bytes at the end of
+the run (the rank's parameters, as many gradient bytes, and
+:attr:`~distlab.parallel.three_d.ThreeDRun.optimizer_state_bytes`), the largest peak
+activation bytes the pipeline executor kept
+(:attr:`~distlab.parallel.three_d.ThreeDRun.peak_activation_bytes`), the
 largest peak RSS of a process, and the most bytes a rank sent per step
 (:func:`~distlab.parallel.comm_trace.trace_comm`'s wire bytes: distlab's ring
 collectives, pipeline messages and their headers; ZeRO-1's one-time parameter
@@ -43,7 +43,6 @@ machine are noisy; bytes are exact.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 
 import distlab
@@ -64,45 +63,24 @@ TRACED = {  # name: train_3d options of a traced TP2xPP2xDP2 step
 
 def _worker(rank, world_size, config, tp, pp, dp, batch, micro_batches, steps, options):
     import resource
-    import time
 
     import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from distlab.models import gpt_batch
-    from distlab.parallel import three_d
     from distlab.parallel.comm_trace import trace_comm
+    from distlab.parallel.three_d import train_3d
 
     torch.set_num_threads(1)
-    ends = []
-
-    def after_step(optimizer, args, kwargs):
-        ends.append(time.perf_counter())
-
-    runs = []
-    run_pipeline = three_d.run_pipeline  # train_3d keeps the executor's RankRun to itself:
-
-    def keep_run(*args, **kwargs):  # wrap the name it calls, in this process only
-        runs.append(run_pipeline(*args, **kwargs))
-        return runs[-1]
-
-    three_d.run_pipeline = keep_run
-    handle = register_optimizer_step_post_hook(after_step)
     tokens, targets = gpt_batch(batch, config, seed=1)
-    try:
-        with trace_comm() as trace:
-            run = three_d.train_3d(config, tokens, targets, tp=tp, pp=pp, dp=dp,
-                                   micro_batches=micro_batches, steps=steps, lr=0.1,
-                                   **options)  # fmt: skip
-    finally:
-        handle.remove()
-        three_d.run_pipeline = run_pipeline
+    with trace_comm() as trace:
+        run = train_3d(config, tokens, targets, tp=tp, pp=pp, dp=dp,
+                       micro_batches=micro_batches, steps=steps, lr=0.1, **options)  # fmt: skip
     per_step = [c for c in trace.calls if c.collective != "broadcast"]  # ZeRO-1's is once
     param_bytes = sum(t.numel() * t.element_size() for t in run.shards.values())
     return {
-        "step_times": [b - a for a, b in itertools.pairwise(ends)],  # steps 2..n
+        "step_times": run.step_seconds[1:],  # the first step is warm-up
         "state": 2 * param_bytes + run.optimizer_state_bytes,  # parameters and gradients
-        "activations": max(r.peak_activation_bytes for r in runs),
+        "activations": run.peak_activation_bytes,
         "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
         "sent_per_step": sum(c.wire_bytes for c in per_step) / steps,
     }

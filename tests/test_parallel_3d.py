@@ -113,6 +113,15 @@ def test_losses_equal_single_process(case):
             assert run.losses is None
 
 
+def test_every_rank_reports_its_step_times_and_activation_peak(case):
+    """What benchmarks/three_d.py reads: one wall time per step, and the executor's peak
+    of activation bytes kept for backward (every stage keeps some)."""
+    _, runs, _, _ = case
+    for run in runs:
+        assert len(run.step_seconds) == STEPS and all(s > 0 for s in run.step_seconds)
+        assert run.peak_activation_bytes > 0, run.rank
+
+
 def _blocks_of(stage: int, chunks: int) -> set[int]:
     """Block indices the rank at pipeline stage ``stage`` holds: virtual stages
     j = c p + stage, L/(p v) blocks each (Narayanan et al. 2021, Section 2.2.2)."""

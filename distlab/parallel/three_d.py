@@ -46,6 +46,7 @@ magnifies fp32 rounding: compare Adam runs with a looser tolerance than SGD's.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,8 @@ class ThreeDRun:
     shards: dict[str, torch.Tensor]  # this rank's final parameters, by ParallelGPT name
     parameters: int  # elements of this rank's (tp, pp) shard, Ψ_rank
     optimizer_state_bytes: int  # measured: the storages of the optimizer's state tensors
+    step_seconds: list[float]  # wall time of each training step on this rank
+    peak_activation_bytes: int  # the most the pipeline executor held for backward, over all steps
 
 
 class _Head(nn.Module):
@@ -281,8 +284,9 @@ def train_3d(
     data_parallel = Collectives(group=mesh["dp"])
     step_with, state_holder = make_optimizer(stage, optimizer, lr, zero_stage, mesh["dp"])
     my_tokens, my_targets = tokens.chunk(dp)[where["dp"]], targets.chunk(dp)[where["dp"]]
-    losses = []
+    losses, step_seconds, peak_activation_bytes = [], [], 0
     for _ in range(steps):
+        start = time.perf_counter()
         step_with.zero_grad(set_to_none=True)
         run = run_pipeline(plan, stage, my_tokens, my_targets, stage_ranks=mesh.ranks("pp"))
         if zero_stage == 0:
@@ -292,6 +296,8 @@ def train_3d(
             loss = torch.tensor([run.loss], dtype=torch.float64)
             data_parallel.all_reduce_mean_(loss)
             losses.append(loss.item())
+        step_seconds.append(time.perf_counter() - start)
+        peak_activation_bytes = max(peak_activation_bytes, run.peak_activation_bytes)
     mine = {id(p) for p in stage.parameters()}
     shards = {n: p.detach().clone() for n, p in gpt.named_parameters() if id(p) in mine}
     states, _ = optimizer_state_tensors(state_holder)
@@ -302,4 +308,6 @@ def train_3d(
         shards,
         sum(p.numel() for p in stage.parameters()),
         storage_bytes(states),
+        step_seconds,
+        peak_activation_bytes,
     )
