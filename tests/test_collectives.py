@@ -243,3 +243,56 @@ def test_collective_outside_a_process_group_says_how_to_start_one():
 
     with pytest.raises(RuntimeError, match="distlab.run"):
         ring_all_reduce(torch.ones(3))
+
+
+def _mismatched_collectives_worker(rank, world_size, case):
+    import torch
+
+    from distlab.collectives import (
+        ring_all_gather,
+        ring_all_reduce,
+        ring_reduce_scatter,
+        tree_all_reduce,
+    )
+
+    x = torch.arange(4.0 * world_size)
+    calls = {
+        "ring_all_gather": lambda: ring_all_gather(torch.empty(4 * world_size), x[:4].clone()),
+        "ring_reduce_scatter": lambda: ring_reduce_scatter(torch.empty(4), x),
+        "ring_all_reduce": lambda: ring_all_reduce(x),
+        "tree_all_reduce": lambda: tree_all_reduce(x),
+    }
+    first, other = case
+    try:
+        calls[first if rank == 0 else other]()
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("ring_all_gather", "ring_reduce_scatter"),  # headers used to be identical: wrong data
+        ("ring_all_reduce", "ring_all_gather"),  # header widths used to differ: garbage sizes
+        ("ring_all_reduce", "tree_all_reduce"),  # used to wait for gloo's 30 s timeout
+    ],
+    ids=lambda c: f"{c[0]}-vs-{c[1]}",
+)
+def test_mismatched_collectives_are_refused_on_every_rank(case):
+    """Issue 30: the header names the collective and algorithm, so a mismatch is refused at once."""
+    messages = distlab.run(_mismatched_collectives_worker, 2, args=(case,), timeout=60)
+    for message in messages:
+        assert "ranks called different collectives" in message, message
+        assert f"rank 0 called {case[0]}" in message and f"rank 1 called {case[1]}" in message
+
+
+def test_header_round_trip_and_fixed_width():
+    from distlab.collectives.agree import header_width, pack_header, unpack_header
+
+    for n in (2, 3, 8, 64):
+        long = pack_header("all_to_all", 0, 0, list(range(2 * n + 1)), n)
+        short = pack_header("ring_all_reduce", 0, 1, [1, 2, 3], n)
+        assert len(long) == len(short) == 4 + 6 + header_width(n)
+        assert unpack_header(short) == ("ring_all_reduce", 0, 1, [1, 2, 3])
+    assert unpack_header([0] * len(short)) is None

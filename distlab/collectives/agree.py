@@ -3,9 +3,18 @@
 If rank 0 passes 10 elements and rank 1 passes 12, a naive implementation
 hangs (one side waits for bytes that never come) or fails on one rank while
 the others wait forever. So every distlab collective first exchanges a small
-*header* (dtype, op, sizes, and any local problem such as a non-contiguous
-tensor) with every other rank, and all ranks raise the same clear error when
-something is off.
+*header* with every other rank, and all ranks raise the same clear error when
+something is off. The header says which collective and algorithm this rank
+called (``ring_all_gather``, ``tree_all_reduce``, ...), its reduce op, dtype
+and sizes, and any local problem such as a non-contiguous tensor.
+
+Every header has the same width for a given group size, whatever the
+collective: ``MAGIC``, the name (as ASCII packed into integers), problem, op,
+the number of sizes, then the sizes padded to :func:`header_width`. So two ranks
+that call different collectives still exchange matching messages, read each
+other's names, and both refuse at once ("rank 0 called ring_all_gather, rank 1
+called ring_reduce_scatter") instead of returning wrong data or waiting for a
+timeout.
 
 The exchange is a dissemination (Bruck) all-gather of the headers: in round
 ``k`` rank ``r`` sends what it knows to rank ``r - 2^k`` and receives from
@@ -24,6 +33,8 @@ import torch.distributed as dist
 from .executor import SUPPORTED_DTYPES, global_rank, group_info, op_name
 
 _OPS = ("sum", "avg", "product", "max", "min")
+MAGIC = 0x64697374_6C616221  # "distlab!": a header, not some other message
+NAME_WORDS = 6  # a collective's name: up to 48 ASCII characters in 6 int64 words
 
 
 class Problem(IntEnum):
@@ -85,6 +96,54 @@ def local_problem(tensors: list[torch.Tensor], op=None, *, reduces: bool = True)
     return Problem.NONE, op_code
 
 
+def header_width(n: int) -> int:
+    """Number of sizes every header carries in a group of ``n`` ranks.
+
+    The longest header is all-to-all's: a dtype, then ``n`` send and ``n``
+    receive sizes; a rooted collective sends a root and a tensor description (10).
+    """
+    return max(2 * n + 1, 10)
+
+
+def encode_name(name: str) -> list[int]:
+    """``name`` as ``NAME_WORDS`` integers (ASCII, zero-padded); see :func:`decode_name`."""
+    raw = name.encode("ascii")[: 8 * NAME_WORDS].ljust(8 * NAME_WORDS, b"\0")
+    return [
+        int.from_bytes(raw[8 * i : 8 * i + 8], "little", signed=True) for i in range(NAME_WORDS)
+    ]
+
+
+def decode_name(words: list[int]) -> str:
+    """The name that :func:`encode_name` packed."""
+    raw = b"".join(w.to_bytes(8, "little", signed=True) for w in words)
+    return raw.rstrip(b"\0").decode("ascii", errors="replace")
+
+
+def pack_header(name: str, problem: int, op_code: int, sizes: list[int], n: int) -> list[int]:
+    """One rank's fixed-width header: MAGIC, name, problem, op, len(sizes), padded sizes."""
+    width = header_width(n)
+    if len(sizes) > width:
+        raise AssertionError(f"{name}: header of {len(sizes)} sizes exceeds the width {width}")
+    return [
+        MAGIC,
+        *encode_name(name),
+        problem,
+        op_code,
+        len(sizes),
+        *sizes,
+        *[0] * (width - len(sizes)),
+    ]
+
+
+def unpack_header(row: list[int]) -> tuple[str, int, int, list[int]] | None:
+    """(name, problem, op, sizes) of a header, or ``None`` if ``row`` is not a distlab header."""
+    if row[0] != MAGIC:
+        return None
+    name = decode_name(row[1 : 1 + NAME_WORDS])
+    problem, op_code, count = row[1 + NAME_WORDS : 4 + NAME_WORDS]
+    return name, problem, op_code, row[4 + NAME_WORDS : 4 + NAME_WORDS + count]
+
+
 def all_gather_headers(header: list[int], group, device: torch.device) -> list[list[int]]:
     """Every rank's ``header`` (all the same length), in rank order, using only send/recv."""
     rank, n = group_info(group)
@@ -124,9 +183,11 @@ def check_agreement(
 ) -> list[list[int]]:
     """Exchange headers and raise the same ``ValueError`` on every rank if inputs disagree.
 
-    ``sizes`` is whatever must match across ranks (dtype, numel, shape), or,
-    with ``same_on_all_ranks=False``, per-peer sizes the caller checks itself.
-    Returns all headers (rows: problem, op, *sizes) for such extra checks.
+    ``name`` is the collective and algorithm called (``"ring_all_reduce"``): all
+    ranks must call the same one. ``sizes`` is whatever must match across ranks
+    (dtype, numel, shape), or, with ``same_on_all_ranks=False``, per-peer sizes
+    the caller checks itself. Returns all headers as rows ``[problem, op, *sizes]``
+    for such extra checks.
     """
     explain = explain or explain_tensor
     _, n = group_info(group)
@@ -134,22 +195,38 @@ def check_agreement(
         if problem:
             raise ValueError(f"{name}: rank 0: {PROBLEMS[problem]}")
         return [[problem, op_code, *sizes]]
-    headers = all_gather_headers([problem, op_code, *sizes], group, device)
-    for r, row in enumerate(headers):
+    raw = all_gather_headers(pack_header(name, problem, op_code, sizes, n), group, device)
+    headers = [unpack_header(row) for row in raw]
+    _check_same_collective(name, headers)
+    rows = [[problem_r, op_r, *sizes_r] for _, problem_r, op_r, sizes_r in headers]
+    for r, row in enumerate(rows):
         if row[0]:
             raise ValueError(f"{name}: rank {r}: {PROBLEMS[Problem(row[0])]}")
-    for r, row in enumerate(headers):
-        if row[1] != headers[0][1]:
+    for r, row in enumerate(rows):
+        if row[1] != rows[0][1]:
             raise ValueError(
-                f"{name}: ranks disagree on the reduce op: rank 0 uses {_OPS[headers[0][1]]}, "
+                f"{name}: ranks disagree on the reduce op: rank 0 uses {_OPS[rows[0][1]]}, "
                 f"rank {r} uses {_OPS[row[1]]}"
             )
-        if same_on_all_ranks and row[2:] != headers[0][2:]:
+        if same_on_all_ranks and row[2:] != rows[0][2:]:
             raise ValueError(
-                f"{name}: tensors differ across ranks: rank 0 has {explain(headers[0][2:])}, "
+                f"{name}: tensors differ across ranks: rank 0 has {explain(rows[0][2:])}, "
                 f"rank {r} has {explain(row[2:])}"
             )
-    return headers
+    return rows
+
+
+def _check_same_collective(name: str, headers: list) -> None:
+    """Raise on every rank unless every rank called collective ``name``."""
+    called = [
+        h[0] if h is not None else "something that is not a distlab collective" for h in headers
+    ]
+    if any(c != name for c in called):
+        listing = ", ".join(f"rank {r} called {c}" for r, c in enumerate(called))
+        raise ValueError(
+            f"{name}: ranks called different collectives ({listing}); every rank of the "
+            "group must call the same collective with the same algorithm, in the same order"
+        )
 
 
 def _dtype_name(code: int) -> str:
