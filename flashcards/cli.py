@@ -106,7 +106,7 @@ def run_drill(session: DrillSession, console: Console, read_key: Callable[[], st
         if key == QUIT:
             break
         shown = time.monotonic()
-        console.print(Panel(Markdown(to_terminal(card.a)), title="answer", title_align="left"))
+        console.print(Panel(card_markdown(card.a), title="answer", title_align="left"))
         console.print(
             "   ".join(f"[bold]{int(r)}[/] {label}" for r, label in session.labels().items())
         )
@@ -136,8 +136,14 @@ def _show(console: Console, session: DrillSession, question: str, *, title: str)
     )
     state = session.state_of(session.current)
     badge = "new" if state is None else state.card.state.name.lower()
-    panel = Panel(Markdown(to_terminal(question)), title=f"{title} · {badge}", title_align="left")
+    panel = Panel(card_markdown(question), title=f"{title} · {badge}", title_align="left")
     console.print(panel)
+
+
+def card_markdown(text: str) -> Markdown:
+    """A card side as the terminal drill shows it: Markdown, with math read as plain Unicode
+    (``$A = [A_1 \\mid A_2]$`` shows as ``A = [A₁ | A₂]``, see :func:`flashcards.render.tex_to_text`)."""
+    return Markdown(to_terminal(text))
 
 
 def _undo(session: DrillSession, console: Console) -> int:

@@ -128,43 +128,289 @@ def to_html(text: str) -> str:
     return _PLACEHOLDER_RE.sub(restore, rendered)
 
 
-_TEX_SYMBOLS = {
-    r"\cdot": "·",
-    r"\times": "×",
-    r"\approx": "≈",
-    r"\leq": "≤",
-    r"\geq": "≥",
-    r"\le": "≤",
-    r"\ge": "≥",
-    r"\neq": "≠",
-    r"\to": "→",
-    r"\rightarrow": "→",
-    r"\leftrightarrow": "↔",
-    r"\infty": "∞",
-    r"\sum": "Σ",
-    r"\Psi": "Ψ",
-    r"\alpha": "α",
-    r"\beta": "β",
-    r"\gamma": "γ",
-    r"\lceil": "⌈",
-    r"\rceil": "⌉",
-    r"\lfloor": "⌊",
-    r"\rfloor": "⌋",
-    r"\,": " ",
-    r"\;": " ",
+# -- TeX to plain Unicode, for the terminal ------------------------------------------------
+# A small reader of the TeX that cards write in math: commands become Unicode symbols,
+# ``x_1`` / ``x^2`` become sub- and superscript characters where Unicode has them all,
+# ``\frac{a}{b}`` becomes ``a/b`` (parenthesised where the reading would be ambiguous).
+# A command it does not know is left as written (backslash included), so the deck test
+# that renders every card (tests/test_flashcards_render.py) names it.
+_GREEK_NAMES = (
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "varsigma", "sigma", "tau", "upsilon",
+    "phi", "chi", "psi", "omega",
+)  # fmt: skip
+_GREEK = {name: chr(0x3B1 + i) for i, name in enumerate(_GREEK_NAMES)}  # α (U+03B1) to ω
+_GREEK |= {
+    "varepsilon": "ε",
+    "vartheta": "ϑ",
+    "varphi": "φ",
+    "varrho": "ϱ",
+    "Gamma": "Γ",
+    "Delta": "Δ",
+    "Theta": "Θ",
+    "Lambda": "Λ",
+    "Xi": "Ξ",
+    "Pi": "Π",
+    "Sigma": "Σ",
+    "Upsilon": "Υ",
+    "Phi": "Φ",
+    "Psi": "Ψ",
+    "Omega": "Ω",
 }
-_TEX_COMMAND = re.compile(r"\\[A-Za-z]+|\\[,;]")
-_TEX_FRAC = re.compile(r"\\frac\{([^{}]*)\}\{([^{}]*)\}")
-_TEX_SQRT = re.compile(r"\\sqrt\{([^{}]*)\}")
-_TEX_TEXT = re.compile(r"\\(?:text|mathrm|operatorname|mathbf)\{([^{}]*)\}")
+#: symbols that read as letters of a product: ``\mu s`` is "μs", as TeX sets it
+_LETTERS = _GREEK | {"ell": "ℓ", "hbar": "ℏ", "partial": "∂", "nabla": "∇", "infty": "∞"}
+#: prefix symbols and opening delimiters, glued to what follows: ``\partial L`` is "∂L"
+_PREFIX = {"partial", "nabla", "neg", "lnot", "lVert", "lvert", "lceil", "lfloor", "langle"}
+#: relations and binary operators, set with a space on each side
+_OPERATORS = {
+    "cdot": "·",
+    "times": "×",
+    "div": "÷",
+    "pm": "±",
+    "mp": "∓",
+    "approx": "≈",
+    "sim": "~",
+    "simeq": "≃",
+    "equiv": "≡",
+    "propto": "∝",
+    "le": "≤",
+    "leq": "≤",
+    "ge": "≥",
+    "geq": "≥",
+    "ll": "≪",
+    "gg": "≫",
+    "ne": "≠",
+    "neq": "≠",
+    "in": "∈",
+    "notin": "∉",
+    "subset": "⊂",
+    "subseteq": "⊆",
+    "cup": "∪",
+    "cap": "∩",
+    "to": "→",
+    "rightarrow": "→",
+    "leftarrow": "←",
+    "leftrightarrow": "↔",
+    "Rightarrow": "⇒",
+    "Leftarrow": "⇐",
+    "Leftrightarrow": "⇔",
+    "implies": "⇒",
+    "iff": "⇔",
+    "mapsto": "↦",
+    "mid": "|",
+    "circ": "∘",
+    "oplus": "⊕",
+    "otimes": "⊗",
+    "bmod": "mod",
+    "land": "∧",
+    "lor": "∨",
+}
+#: everything else that is one symbol
+_SYMBOLS = {
+    "sum": "Σ",
+    "prod": "Π",
+    "int": "∫",
+    "sqrt": "√",
+    "neg": "¬",
+    "lnot": "¬",
+    "top": "⊤",
+    "perp": "⊥",
+    "forall": "∀",
+    "exists": "∃",
+    "emptyset": "∅",
+    "ldots": "…",
+    "dots": "…",
+    "cdots": "⋯",
+    "vdots": "⋮",
+    "lceil": "⌈",
+    "rceil": "⌉",
+    "lfloor": "⌊",
+    "rfloor": "⌋",
+    "langle": "⟨",
+    "rangle": "⟩",
+    "lVert": "‖",
+    "rVert": "‖",
+    "Vert": "‖",
+    "lvert": "|",
+    "rvert": "|",
+    "vert": "|",
+    "ast": "*",
+    "star": "⋆",
+    "prime": "′",
+    "degree": "°",
+    "quad": " ",
+    "qquad": " ",
+}
+#: function names, set upright with a space before them after a letter or number
+_FUNCTIONS = {
+    "log", "ln", "lg", "exp", "sin", "cos", "tan", "min", "max", "arg", "argmin",
+    "argmax", "sup", "inf", "lim", "det", "dim", "gcd", "Pr", "deg",
+}  # fmt: skip
+#: commands whose one argument is shown as plain text
+_TEXT_COMMANDS = {
+    "text", "textrm", "textit", "textbf", "texttt", "mathrm", "mathit", "mathbf", "mathsf",
+    "mathtt", "mathcal", "mathbb", "operatorname", "mbox", "boldsymbol", "bm",
+}  # fmt: skip
+#: sizing commands that only change how big the next delimiter is
+_SIZING = {
+    "left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl", "Bigr", "biggl",
+    "biggr", "Biggl", "Biggr", "middle", "displaystyle", "textstyle", "limits", "nolimits",
+}  # fmt: skip
+_FRACTIONS = {"frac", "tfrac", "dfrac", "cfrac"}
+_SPACES = {",": " ", ";": " ", ":": " ", ">": " ", " ": " ", "!": "", "\\": " "}
+_ESCAPED = {"%": "%", "{": "{", "}": "}", "_": "_", "&": "&", "#": "#", "$": "$", "|": "‖"}
+_SUPERSCRIPT = dict(
+    zip(
+        "0123456789+-=()abcdefghijklmnoprstuvwxyzABDEGHIJKLMNOPRTUVWαβγδεθιφχ⊤*′",
+        "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ᵃᵇᶜᵈᵉᶠᵍʰⁱʲᵏˡᵐⁿᵒᵖʳˢᵗᵘᵛʷˣʸᶻᴬᴮᴰᴱᴳᴴᴵᴶᴷᴸᴹᴺᴼᴾᴿᵀᵁⱽᵂᵅᵝᵞᵟᵋᶿᶥᵠᵡᵀ*′",
+        strict=True,
+    )
+)
+_SUBSCRIPT = dict(
+    zip(
+        "0123456789+-=()aehijklmnoprstuvxβγρφχ",
+        "₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓᵦᵧᵨᵩᵪ",
+        strict=True,
+    )
+)
+_FRACTION_END = "\x00"  # marks where a fraction ends, until we know what follows it
+
+
+class _TexReader:
+    """Reads one formula left to right; :meth:`expression` returns its plain-text reading."""
+
+    def __init__(self, tex: str) -> None:
+        self.tex = tex
+        self.i = 0
+
+    def expression(self, stop: str = "") -> str:
+        out: list[str] = []
+        while self.i < len(self.tex) and self.tex[self.i] not in stop:
+            out.append(self.atom(out))
+        return "".join(out)
+
+    def atom(self, before: list[str]) -> str:
+        """The reading of the next piece; ``before`` is what was read so far (for spacing)."""
+        tex, i = self.tex, self.i
+        ch = tex[i]
+        self.i += 1
+        if ch == "{":
+            inner = self.expression("}")
+            self.i += 1  # the closing brace (or the end of an unbalanced formula)
+            return inner
+        if ch in "^_":
+            return _script(self.argument(), superscript=ch == "^")
+        if ch == "~":
+            return " "
+        if ch != "\\":
+            return ch
+        if self.i >= len(tex):
+            return "\\"
+        if not tex[self.i].isalpha():
+            symbol = tex[self.i]
+            self.i += 1
+            return _SPACES.get(symbol, _ESCAPED.get(symbol, "\\" + symbol))
+        name = re.match(r"[A-Za-z]+", tex[self.i :]).group(0)
+        self.i += len(name)
+        return self.command(name, before)
+
+    def command(self, name: str, before: list[str]) -> str:
+        if name in _FRACTIONS:
+            numerator, denominator = self.argument(), self.argument()
+            return f"{_group(numerator, loose=True)}/{_group(denominator)}{_FRACTION_END}"
+        if name == "sqrt":
+            index = self.optional()
+            root = {"": "√", "3": "∛", "4": "∜"}.get(index, f"{_script(index, True)}√")
+            return root + _group(self.argument())
+        if name in _TEXT_COMMANDS:
+            return self.argument()
+        if name in _SIZING:
+            if name not in ("displaystyle", "textstyle", "limits", "nolimits"):
+                self.skip_spaces()
+                if self.tex.startswith(".", self.i):  # \left. : no delimiter
+                    self.i += 1
+            return ""
+        if name in _OPERATORS:
+            return f" {_OPERATORS[name]} "
+        if name in _FUNCTIONS:
+            glue = " " if before and before[-1][-1:].isalnum() else ""
+            return glue + name
+        if name in _PREFIX:
+            self.skip_spaces()
+        elif name in _LETTERS and re.match(r"\s+[A-Za-z0-9]", self.tex[self.i :]):
+            self.skip_spaces()  # \mu s -> "μs": TeX ignores a space after a command
+        if name in _LETTERS:
+            return _LETTERS[name]
+        if name in _SYMBOLS:
+            return _SYMBOLS[name]
+        return "\\" + name  # unknown: left visible, and the deck test names it
+
+    def argument(self) -> str:
+        """One argument: a ``{group}``, a command, or a single character."""
+        self.skip_spaces()
+        if self.i >= len(self.tex):
+            return ""
+        if self.tex[self.i] == "{":
+            return self.atom([])
+        return self.atom([]).strip()
+
+    def optional(self) -> str:
+        """An optional ``[...]`` argument, or ``""``."""
+        if not self.tex.startswith("[", self.i):
+            return ""
+        self.i += 1
+        inner = self.expression("]")
+        self.i += 1
+        return inner
+
+    def skip_spaces(self) -> None:
+        while self.i < len(self.tex) and self.tex[self.i].isspace():
+            self.i += 1
+
+
+def _is_atom(text: str, *, loose: bool = False) -> bool:
+    """True when ``text`` needs no parentheses around it in ``a/b`` or ``√x``.
+
+    A single symbol or number always; with ``loose`` (a numerator), any run of letters and
+    digits, since ``2N/n`` reads as ``(2N)/n`` anyway."""
+    text = text.replace(_FRACTION_END, "")
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return True
+    if loose:
+        return bool(text) and all(ch.isalnum() or ch in ".∂∇′" for ch in text)
+    scripts = set(_SUPERSCRIPT.values()) | set(_SUBSCRIPT.values())
+    return len([ch for ch in text.lstrip("∂∇") if ch not in scripts]) == 1
+
+
+def _group(text: str, *, loose: bool = False) -> str:
+    text = " ".join(text.split())
+    return text if _is_atom(text, loose=loose) else f"({text})"
+
+
+def _script(text: str, superscript: bool) -> str:
+    """``text`` as Unicode super/subscript characters, or ``^x`` / ``_(text)`` where
+    Unicode lacks one of them."""
+    text = "".join(text.replace(_FRACTION_END, "").split())
+    table = _SUPERSCRIPT if superscript else _SUBSCRIPT
+    if text and all(ch in table for ch in text):
+        return "".join(table[ch] for ch in text)
+    mark = "^" if superscript else "_"
+    return f"{mark}{text}" if len(text) == 1 else f"{mark}({text})"
 
 
 def tex_to_text(tex: str) -> str:
-    """Plain-text reading of simple TeX for the terminal (``\\frac{a}{b}`` -> ``(a)/(b)``)."""
-    tex = _TEX_TEXT.sub(r"\1", tex)
-    tex = _TEX_FRAC.sub(r"(\1)/(\2)", tex)
-    tex = _TEX_SQRT.sub(r"√(\1)", tex)
-    return _TEX_COMMAND.sub(lambda m: _TEX_SYMBOLS.get(m.group(0), m.group(0)), tex)
+    """A plain-Unicode reading of card TeX for the terminal.
+
+    ``2\\frac{n-1}{n}N\\beta`` -> ``2(n-1)/n · Nβ``, ``A = [A_1 \\mid A_2]`` ->
+    ``A = [A₁ | A₂]``, ``2^{-10} \\approx 9.8\\times10^{-4}`` -> ``2⁻¹⁰ ≈ 9.8 × 10⁻⁴``.
+    """
+    text = _TexReader(tex).expression()
+    # a fraction followed directly by a factor: "(n-1)/n · N", never "(n-1)/nN"
+    text = re.sub(_FRACTION_END + r"(?=[\w(\[√∂∇⌈⌊‖|])", " · ", text)
+    text = text.replace(_FRACTION_END, "")
+    text = re.sub(r"[ \t]+", " ", text)
+    text = re.sub(r"([(\[]) | ([)\]])", r"\1\2", text)
+    return text.strip()
 
 
 def to_terminal(text: str) -> str:

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import re
+
+import pytest
+from rich.console import Console
+from rich.panel import Panel
+
+from flashcards.cli import card_markdown
+from flashcards.model import load_deck
 from flashcards.render import (
     cloze_back,
     cloze_front,
@@ -39,9 +48,56 @@ def test_raw_html_in_cards_is_escaped():
     assert "&lt;script&gt;" in to_html("<script>alert(1)</script>")
 
 
-def test_terminal_rendering_reads_simple_tex():
-    assert tex_to_text(r"\frac{n-1}{n} \cdot N \approx \sqrt{2}") == "(n-1)/(n) · N ≈ √(2)"
-    assert to_terminal("send $2\\frac{n-1}{n}N$") == "send `2(n-1)/(n)N`"
+@pytest.mark.parametrize(
+    ("tex", "text"),
+    [
+        (r"A = [A_1 \mid A_2]", "A = [A₁ | A₂]"),  # issue 27: this reached the terminal as TeX
+        (r"\frac{n-1}{n} \cdot N \approx \sqrt{2}", "(n-1)/n · N ≈ √2"),
+        (r"2\frac{n-1}{n}N\beta", "2(n-1)/n · Nβ"),  # never "(n-1)/(n)N"
+        (r"\frac{s}{6h} \le \frac1K", "s/(6h) ≤ 1/K"),
+        (r"\tau \approx \sqrt{2\,C\,M}", "τ ≈ √(2 C M)"),
+        (r"2^{-10} \approx 9.8\times10^{-4}", "2⁻¹⁰ ≈ 9.8 × 10⁻⁴"),
+        (r"\delta_{i-1} = W_i^\top \delta_i", "δᵢ₋₁ = Wᵢᵀ δᵢ"),
+        (r"\dfrac{\partial L}{\partial W_1}", "∂L/∂W₁"),
+        (r"2\lceil\log_2 n\rceil", "2⌈log₂ n⌉"),
+        (r"L = \tfrac12\lVert h_3 - y\rVert^2", "L = 1/2 · ‖h₃ - y‖²"),
+        (r"\left(1 + \frac{V}{16 l h}\right)", "(1 + V/(16 l h))"),
+        (r"\mathrm{GeLU}(XA) \ne \text{out}_{os+g}", "GeLU(XA) ≠ out_(os+g)"),
+        (r"\alpha = 2\,\mu s,\ 25\%", "α = 2 μs, 25%"),
+    ],
+)
+def test_terminal_rendering_reads_tex_as_unicode(tex, text):
+    assert tex_to_text(tex) == text
+
+
+def test_an_unknown_command_stays_visible():
+    # so that test_no_card_shows_tex_in_the_terminal names it, rather than a silent guess
+    assert tex_to_text(r"x \frobnicate y") == r"x \frobnicate y"
+
+
+def test_terminal_math_is_a_code_span():
+    assert to_terminal("send $2\\frac{n-1}{n}N$") == "send `2(n-1)/n · N`"
+
+
+def _terminal(text: str) -> str:
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    console.print(Panel(card_markdown(text)))
+    return console.file.getvalue()
+
+
+def test_no_card_shows_tex_in_the_terminal():
+    """Every side of every card of the course deck, as the terminal drill prints it: no
+    ``\\command``, no ``\\,`` and no ``$`` delimiter is left (issue 27)."""
+    leftovers = {}
+    for card in load_deck():
+        for side in (card.q, card.a):
+            found = re.findall(r"\\(?:[A-Za-z]+|[^A-Za-z\s])|\$", _terminal(side))
+            if found:
+                leftovers.setdefault(card.slug, set()).update(found)
+    assert not leftovers, "TeX left in the terminal drill:\n" + "\n".join(
+        f"{slug}: {sorted(found)}" for slug, found in leftovers.items()
+    )
+    assert "A = [A₁ | A₂]" in _terminal(load_deck().by_slug("tp-column-parallel").a)
 
 
 def test_cloze_front_hides_one_deletion_and_back_shows_it():
