@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from typing import TYPE_CHECKING
 
 from . import memory, pipeline
 from .transformer import MODEL_PRESETS, ModelSpec, gpt_shape_for, model_preset
 from .units import GB, GiB, format_seconds
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 
 def register(subparsers) -> None:
@@ -25,7 +32,6 @@ def register(subparsers) -> None:
 
 
 def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: list[str]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -33,12 +39,29 @@ def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: l
         table.add_column(name, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:  # pipes and notebooks: don't squeeze into 80 columns
-        console = Console(width=120)
+    console = table_console(table)
     console.print(table)
     for note in notes:
         console.print(note, highlight=False)
+
+
+def table_console(table: Table) -> Console:
+    """The console a table is printed on: a real terminal's own size, else the table's full width.
+
+    Whether stdout is a terminal is asked of stdout itself, not of rich: rich believes
+    ``FORCE_COLOR`` (which Jupyter kernels set), takes the pipe for a terminal, and then
+    ``TERM=dumb`` makes it ignore ``COLUMNS`` and squeeze the table into 80 columns. A pipe or
+    a notebook gets plain text (no escape codes) at least as wide as the table's widest row,
+    or ``COLUMNS`` when that is wider.
+    """
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    natural = Console(force_terminal=False, width=10_000).measure(table).maximum
+    columns = os.environ.get("COLUMNS", "")
+    width = max(natural, int(columns) if columns.isdigit() else 80)
+    return Console(force_terminal=False, width=width)
 
 
 # -- distlab memory -------------------------------------------------------------
