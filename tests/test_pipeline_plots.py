@@ -15,7 +15,9 @@ from distlab.viz.pipeline_plots import (
 
 def _legend_labels(ax) -> list[str]:
     legend = ax.get_legend()
-    assert legend is not None, "a Gantt chart encodes the kind of action by colour: it needs a legend"
+    assert legend is not None, (
+        "a Gantt chart encodes the kind of action by colour: it needs a legend"
+    )
     return [t.get_text() for t in legend.get_texts()]
 
 
@@ -40,7 +42,11 @@ def test_interleaved_chunks_differ_by_hatch_and_label():
     labels = {t.get_text() for t in ax.texts}
     assert {"0F0", "1F0", "1B3"} <= labels, sorted(labels)
     # one chunk per rank: the label stays the micro-batch alone
-    assert {t.get_text() for t in plot_timeline(replay(one_f_one_b(2, 3))).axes[0].texts} == {"0", "1", "2"}
+    assert {t.get_text() for t in plot_timeline(replay(one_f_one_b(2, 3))).axes[0].texts} == {
+        "0",
+        "1",
+        "2",
+    }
 
 
 def test_replayed_and_measured_share_the_time_axis():

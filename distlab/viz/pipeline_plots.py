@@ -35,7 +35,9 @@ def _hatch(chunk: int) -> str:
 def legend_handles(timeline: Timeline) -> list[Patch]:
     """One patch per kind of action the timeline holds, then one per chunk if it has several."""
     kinds = {e.action.kind for e in timeline.entries}
-    handles = [Patch(facecolor=c, edgecolor="white", label=t) for k, (c, t) in KINDS.items() if k in kinds]
+    handles = [
+        Patch(facecolor=c, edgecolor="white", label=t) for k, (c, t) in KINDS.items() if k in kinds
+    ]
     if timeline.schedule.chunks > 1:
         handles += [
             Patch(facecolor="white", edgecolor="0.3", hatch=_hatch(c), label=f"chunk {c}")
@@ -72,7 +74,9 @@ def draw_timeline(
             fontsize=6 if several else 7,
             rotation=90 if several else 0,
             color="black" if kind == "F" else "white",
-            bbox={"boxstyle": "square,pad=0.1", "fc": KINDS[kind][0], "ec": "none"} if several else None,
+            bbox={"boxstyle": "square,pad=0.1", "fc": KINDS[kind][0], "ec": "none"}
+            if several
+            else None,
         )
     p = len(timeline.busy)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
