@@ -40,7 +40,7 @@ from nbclient import NotebookClient
 from distlab.progress import progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
-TIME_BAR_S = 90.0
+TIME_BAR_S = 60.0
 MEMORY_BAR_BYTES = 2e9
 
 
