@@ -59,3 +59,26 @@ def test_schedule_command_and_bad_input(capsys):
     assert stats[0]["policy"] == "best-fit" and stats[0]["jobs"] == 30
     assert main(["place", "--tp", "16"]) == 2
     assert "tp=16 is larger" in capsys.readouterr().err
+
+
+def test_schedule_figure_names_every_line_and_keeps_legends_off_the_data():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    cluster = preset("dgx-h100", nodes=4)
+    result = simulate(mixed_jobs(30, cluster_gpus=cluster.world_size, seed=1), cluster)
+    fig = plot_schedule(result)
+    top, bottom = fig.axes[0], fig.axes[1]
+    top_labels = [t.get_text() for t in top.get_legend().get_texts()]
+    assert top_labels == ["busy GPUs / all", "healthy GPUs / all", "jobs waiting"]
+    bottom_labels = [t.get_text() for t in bottom.get_legend().get_texts()]
+    assert sorted(bottom_labels) == [
+        "free GPUs on partly used nodes",
+        "free GPUs that fit no waiting TP group",
+    ]
+    # the two fragmentation series are drawn differently (an area and a line), not two lines
+    assert len(bottom.lines) == 1 and len(bottom.collections) == 1
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    for ax in (top, bottom):
+        legend_box = ax.get_legend().get_window_extent(renderer)
+        assert legend_box.y0 >= ax.get_window_extent(renderer).y1 - 1, "the legend covers data"

@@ -86,34 +86,49 @@ def plot_comm_comparison(rows: Sequence[tuple[str, Placement, CommScore]]) -> Fi
 
 
 def plot_schedule(result: ScheduleResult) -> Figure:
-    """Utilisation and queue length over time (top), fragmentation over time (bottom)."""
+    """Utilisation and queue length over time (top), fragmentation over time (bottom).
+
+    Each panel's legend sits above it, outside the data. In the bottom panel the
+    free GPUs on partly used nodes are a shaded area and the stranded ones (which
+    fit no waiting TP group) a line over it, so neither hides the other.
+    """
     a = timeline_arrays(result)
     hours = (a["time_s"] - a["time_s"][0]) / 3600
-    fig = Figure(figsize=(8, 5), layout="constrained")
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
-    top.step(hours, a["busy"] / result.cluster.world_size, where="post", label="busy GPUs / all")
-    top.step(
-        hours,
-        a["up"] / result.cluster.world_size,
-        where="post",
-        label="healthy GPUs / all",
-        alpha=0.6,
-    )
+    world = result.cluster.world_size
+    top.step(hours, a["busy"] / world, where="post", color="C0", label="busy GPUs / all")
+    top.step(hours, a["up"] / world, where="post", color="C2", ls="--", label="healthy GPUs / all")
     top.set_ylim(0, 1.05)
     top.set_ylabel("fraction of GPUs")
     queue = top.twinx()
-    queue.step(hours, a["waiting"], where="post", color="C3", alpha=0.5, label="jobs waiting")
-    queue.set_ylabel("jobs waiting")
-    top.legend(loc="lower left")
-    top.set_title(f"{result.policy} on {result.cluster.name} ({result.cluster.world_size} GPUs)")
-    bottom.step(hours, a["stranded"], where="post", label="free GPUs that fit no waiting TP group")
+    queue.step(hours, a["waiting"], where="post", color="C3", alpha=0.6, label="jobs waiting")
+    queue.set_ylabel("jobs waiting (right axis)", color="C3")
+    queue.set_ylim(0, max(1.0, float(np.max(a["waiting"], initial=0))) * 1.05)
+    handles = top.get_legend_handles_labels()[0] + queue.get_legend_handles_labels()[0]
+    top.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=3, frameon=False)
+    fig.suptitle(f"{result.policy} on {result.cluster.name} ({world} GPUs)")
+    bottom.fill_between(
+        hours,
+        a["partial"],
+        step="post",
+        color="C1",
+        alpha=0.35,
+        lw=0,
+        label="free GPUs on partly used nodes",
+    )
     bottom.step(
-        hours, a["partial"], where="post", label="free GPUs on partly used nodes", alpha=0.7
+        hours,
+        a["stranded"],
+        where="post",
+        color="C4",
+        lw=1.2,
+        label="free GPUs that fit no waiting TP group",
     )
     bottom.set_ylim(0, 1.05)
     bottom.set_xlabel("time (h)")
     bottom.set_ylabel("fraction of free GPUs")
-    bottom.legend(loc="upper left")
+    bottom.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncols=2, frameon=False)
     return fig
 
 
