@@ -37,6 +37,7 @@ from __future__ import annotations
 from . import pipeline
 from .accumulation import accumulate_gradients, gradient_scale_error
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
+from .checkpoint_files import CheckpointError, latest_checkpoint
 from .comm import ALGORITHMS, Collectives, CommThread
 from .context import ContextParallelBlock, Ring, ring_attention
 from .data import ShardSampler, shard_batch, shard_indices
@@ -62,6 +63,7 @@ __all__ = [
     "FSDP",
     "BucketTimes",
     "BucketedDDP",
+    "CheckpointError",
     "Collectives",
     "CommThread",
     "ContextParallelBlock",
@@ -87,6 +89,7 @@ __all__ = [
     "average_moe_gradients",
     "build_mesh",
     "gradient_scale_error",
+    "latest_checkpoint",
     "load_full",
     "load_sharded",
     "measure_model_state",

@@ -28,6 +28,14 @@ the shards and the loss scale are saved). A sharded owner is anything that
 offers :class:`ShardedTraining`. Every function is collective: call it on
 all ranks.
 
+Every save is atomic and every load verified
+(:mod:`~distlab.parallel.checkpoint_files`): a sharded save writes a new data
+folder and publishes it with one rename of ``COMMIT.json``, which records each
+file's SHA-256; a full save writes a temporary file and renames it, with a
+checksum of its tensors inside. A torn, damaged or foreign checkpoint is
+refused with a :class:`CheckpointError` naming the file, and
+:func:`latest_checkpoint` finds the last committed ``step-N`` to restart from.
+
 Only the CPU generator's state is saved. On a GPU, dropout draws from the
 CUDA generator (``torch.cuda.get_rng_state``), which is not saved here, so a
 GPU run with dropout resumes with other masks: equal in distribution, not
@@ -36,13 +44,17 @@ bit for bit.
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import checkpoint_files as files
+from .checkpoint_files import CheckpointError
 from .comm import Collectives, world
 from .flat import FlatGroup, named_parameter_index
 from .fsdp import FSDP
@@ -303,19 +315,68 @@ def load_full_state(state: dict, model, optimizer) -> None:
         torch.set_rng_state(state["rng"][rank])
 
 
+def state_checksum(state) -> str:
+    """SHA-256 over every tensor and value of a :func:`full_state`, in a fixed order."""
+    digest = hashlib.sha256()
+
+    def visit(key: str, value) -> None:
+        if isinstance(value, dict):
+            for k in sorted(value, key=str):
+                visit(f"{key}.{k}", value[k])
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(f"{key}[{i}]", v)
+        elif isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            digest.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
+            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(f"{key}={value!r}".encode())
+
+    visit("", {k: v for k, v in state.items() if k != "checksum"})
+    return digest.hexdigest()
+
+
 def save_full(path: str | os.PathLike, model, optimizer) -> None:
-    """Gather the training state and write it from rank 0 to ``path`` (collective)."""
+    """Gather the training state and write it from rank 0 to ``path`` (collective).
+
+    Written to a temporary file and renamed, so ``path`` is always the old or the
+    new checkpoint, never half of one; a checksum of the state is stored inside.
+    """
     state = full_state(model, optimizer)
     rank, world_size = world()
     if rank == 0:
-        torch.save(state, path)
+        state["checksum"] = state_checksum(state)
+        temporary = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        with open(temporary, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
     if world_size > 1:
         dist.barrier()  # nobody reads the file before it is complete
 
 
+def read_full(path: str | os.PathLike) -> dict:
+    """The state in a :func:`save_full` file, verified; :class:`CheckpointError` names the file."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle fails in many ways
+        raise CheckpointError(f"{path} is damaged: torch.load failed ({exc})") from None
+    if not isinstance(state, dict) or "checksum" not in state:
+        raise CheckpointError(f"{path} is not a distlab full checkpoint (no checksum inside)")
+    if state["checksum"] != state_checksum(state):
+        raise CheckpointError(
+            f"{path} is damaged: its tensors no longer match the checksum recorded at save"
+        )
+    return state
+
+
 def load_full(path: str | os.PathLike, model, optimizer) -> None:
-    """Every rank reads ``path`` and keeps its part (collective)."""
-    load_full_state(torch.load(path, weights_only=True), model, optimizer)
+    """Every rank reads and verifies ``path``, and keeps its part (collective)."""
+    load_full_state(read_full(path), model, optimizer)
 
 
 # --------------------------------------------------------------- sharded ----
@@ -383,16 +444,88 @@ def _sharded_layout(model, optimizer, mesh) -> dict:
 
 
 def save_sharded(path: str | os.PathLike, model, optimizer) -> None:
-    """Every rank writes its own part into directory ``path`` with DCP (collective)."""
+    """Every rank writes its own part into checkpoint folder ``path`` (collective).
+
+    The parts go to a new ``path/data-<token>/`` with DCP; once every rank has
+    finished, rank 0 records each file's SHA-256 in ``path/COMMIT.json`` with one
+    atomic rename, then removes the previous data folder
+    (:mod:`~distlab.parallel.checkpoint_files`). A save killed half way leaves the
+    previous checkpoint at ``path`` whole.
+    """
     import torch.distributed.checkpoint as dcp
 
+    rank, world_size = world()
+    path = Path(path)
+    data = None
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        files.remove_uncommitted(path)
+        data = files.new_data_folder()
+    data = _agree(data)
     mesh = _mesh()
     sd = _sharded_layout(model, optimizer, mesh)
     sd["rng"] = _rng_entry(mesh, torch.get_rng_state().to(mesh.device_type))
     scaler = _scaler_state(optimizer)
     if scaler is not None:
         sd["loss_scaler"] = scaler
-    dcp.save(sd, checkpoint_id=os.fspath(path))
+    dcp.save(sd, checkpoint_id=os.fspath(path / data))
+    if world_size > 1:
+        dist.barrier()  # every file is written (DCP's own metadata included)
+    names = sorted(p.name for p in (path / data).iterdir())
+    described = _gather_dicts(
+        files.describe_files(path / data, files.share(names, rank, world_size))
+    )
+    if rank == 0:
+        files.write_commit(path, data, described, world_size)
+    if world_size > 1:
+        dist.barrier()  # nobody loads before the commit
+
+
+def _agree(value):
+    """Rank 0's ``value`` on every rank."""
+    if world()[1] == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _gather_dicts(mine: dict) -> dict:
+    """The union of every rank's dict (collective)."""
+    _, world_size = world()
+    if world_size == 1:
+        return mine
+    every = [None] * world_size
+    dist.all_gather_object(every, mine)
+    return {k: v for d in every for k, v in d.items()}
+
+
+def verify_sharded(path: str | os.PathLike) -> Path:
+    """Check a :func:`save_sharded` folder on every rank; return its data folder (collective).
+
+    Each rank hashes a share of the files; all ranks then raise the same
+    :class:`CheckpointError`, naming every file that is missing, truncated,
+    damaged or foreign.
+    """
+    rank, world_size = world()
+    record = files.read_commit(path)
+    data = Path(path) / record["data"]
+    mine = files.file_problems(
+        data, record["files"], files.share(record["files"], rank, world_size)
+    )
+    problems = _gather_lists(mine)
+    if problems:
+        raise CheckpointError(f"checkpoint {path} cannot be loaded:\n  " + "\n  ".join(problems))
+    return data
+
+
+def _gather_lists(mine: list) -> list:
+    _, world_size = world()
+    if world_size == 1:
+        return mine
+    every = [None] * world_size
+    dist.all_gather_object(every, mine)
+    return [item for part in every for item in part]
 
 
 def _fresh(meta, device, numel: int | None = None) -> torch.Tensor:
@@ -440,10 +573,14 @@ def _flat_targets(parts: _Parts, stored: dict, sd: dict, mesh) -> dict[int, dict
 
 
 def load_sharded(path: str | os.PathLike, model, optimizer) -> None:
-    """Read a :func:`save_sharded` checkpoint, at this or another world size (collective)."""
+    """Read a :func:`save_sharded` checkpoint, at this or another world size (collective).
+
+    The files are verified first (:func:`verify_sharded`); an incomplete or
+    damaged checkpoint raises :class:`CheckpointError` on every rank.
+    """
     import torch.distributed.checkpoint as dcp
 
-    path = os.fspath(path)
+    path = os.fspath(verify_sharded(path))
     stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     parts = _parts(model, optimizer)
     mesh = _mesh()
