@@ -147,3 +147,51 @@ def test_every_card_asks_one_thing():
     assert not flagged, "cards that ask more than one thing (split them, or make them cloze):\n" + (
         "\n".join(f"{slug}: {', '.join(why)}" for slug, why in flagged.items())
     )
+
+
+# ------------------------------------------------------ filed where it is first taught ---
+# Issue 27: a card drilled with `--up-to NN` must not ask about what a later notebook teaches
+# (`coll-float-sum-order` asked about the tree all-reduce of notebook 03 under notebook 02).
+# A question that names one of these subjects is filed in the notebook that teaches it, or later.
+FIRST_TAUGHT = (
+    (r"\btree\b|halving-doubling|recursive (?:halving|doubling)|alpha-beta|\bbusbw\b|\balgbw\b",
+     "03-algorithms-and-cost"),
+    (r"linear scaling rule|warmup|\bLARS\b|\bLAMB\b", "04-data-parallelism"),
+    (r"ZeRO-\d|ZeRO stage|\bFSDP\b|fully_shard", "06-zero-and-fsdp"),
+    (r"1F1B|GPipe|pipeline bubble", "08-pipeline-parallelism"),
+    (r"expert parallel|\bMoE\b", "09-3d-parallelism-and-placement"),
+    (r"Amdahl|Gustafson|\bMFU\b", "11-scaling-and-compilers"),
+)  # fmt: skip
+
+
+def filed_too_early(card) -> list[str]:
+    """The subjects ``card``'s question names that its notebook comes before."""
+    from flashcards.model import NOTEBOOK_FOLDERS
+
+    position = NOTEBOOK_FOLDERS.index(card.notebook_folder)
+    question = card.cloze or card.q
+    return [
+        f"{match.group(0)!r} (taught in {folder})"
+        for pattern, folder in FIRST_TAUGHT
+        if (match := re.search(pattern, question)) and position < NOTEBOOK_FOLDERS.index(folder)
+    ]
+
+
+def test_the_first_taught_rule_flags_a_misfiled_card():
+    from dataclasses import replace
+
+    assert DECK is not None, DECK_ERROR
+    card = DECK.by_slug("coll-float-sum-order")
+    assert filed_too_early(card) == []
+    assert filed_too_early(replace(card, notebook="02-collectives#all-reduce")) == [
+        "'tree' (taught in 03-algorithms-and-cost)"
+    ]
+
+
+def test_no_card_asks_about_a_later_notebook():
+    assert DECK is not None, DECK_ERROR
+    early = {c.slug: filed_too_early(c) for c in DECK}
+    early = {slug: why for slug, why in early.items() if why}
+    assert not early, "cards filed before the notebook that teaches their subject:\n" + (
+        "\n".join(f"{slug}: {', '.join(why)}" for slug, why in early.items())
+    )
