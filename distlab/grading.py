@@ -30,16 +30,17 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 CONFIG_FILE = "nbgrader_config.py"
 SOURCE_DIR = "solutions"
 RELEASE_DIR = "course"
 ROOT_ENV_VAR = "DISTLAB_COURSE_ROOT"
+TIMEOUT_ENV_VAR = "DISTLAB_GRADE_TIMEOUT"  # seconds a cell may run while grading
 DEFAULT_STUDENT = "learner"
 
 
@@ -87,15 +88,31 @@ def nbgrader_env() -> dict[str, str]:
 
 
 def run_nbgrader(course_dir: str | os.PathLike, *args: str) -> str:
-    """Run ``nbgrader ARGS`` in ``course_dir``; return its log, raise RuntimeError on failure."""
+    """Run ``nbgrader ARGS`` in ``course_dir``; return its log, raise RuntimeError on failure.
+
+    Every process it starts (the kernel, and whatever the notebook starts) has ended when
+    this returns or raises: see :func:`distlab.grading_run.run_contained`."""
+    from distlab.grading_run import run_contained
+
     command = [sys.executable, "-m", "nbgrader", *args]
-    done = subprocess.run(
-        command, cwd=course_dir, env=nbgrader_env(), capture_output=True, text=True, check=False
-    )
-    log = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed ({done.returncode}):\n{log}")
+    code, log = run_contained(command, course_dir, nbgrader_env())
+    if code != 0:
+        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed ({code}):\n{log}")
     return log
+
+
+# Appended to the course directory's copy of the config: distlab's Execute step (timeouts
+# and dead kernels reported per cell, see distlab.grading_execute) in place of nbgrader's.
+EXECUTE_CONFIG = """
+from nbgrader.converters.autograde import Autograde
+from nbgrader.preprocessors import Execute
+from distlab.grading_execute import GuardedExecute
+
+c.Autograde.autograde_preprocessors = [
+    GuardedExecute if step is Execute else step
+    for step in Autograde.class_traits()["autograde_preprocessors"].default()
+]
+"""
 
 
 def prepare_course(
@@ -106,7 +123,8 @@ def prepare_course(
     source_root = find_course_root(root)
     course_dir = Path(course_dir)
     names = assignment_names(source_root) if assignments is None else list(assignments)
-    shutil.copy(source_root / CONFIG_FILE, course_dir / CONFIG_FILE)
+    config = (source_root / CONFIG_FILE).read_text(encoding="utf-8")
+    (course_dir / CONFIG_FILE).write_text(config + EXECUTE_CONFIG, encoding="utf-8")
     for name in names:
         shutil.copytree(
             source_root / SOURCE_DIR / name,
@@ -127,10 +145,18 @@ def submit(course_dir: str | os.PathLike, student: str, assignment: str, noteboo
     return destination
 
 
-def autograde(course_dir: str | os.PathLike, assignment: str = "*", student: str = "*") -> str:
-    """Autograde every matching submission (globs allowed); return nbgrader's log."""
+def autograde(
+    course_dir: str | os.PathLike,
+    assignment: str = "*",
+    student: str = "*",
+    timeout: int | None = None,
+) -> str:
+    """Autograde every matching submission (globs allowed); return nbgrader's log.
+
+    ``timeout``: seconds a cell may run (default: ``Execute.timeout`` of the config)."""
+    limit = [] if timeout is None else [f"--Execute.timeout={timeout}"]
     return run_nbgrader(
-        course_dir, "autograde", assignment, "--student", student, "--create", "--force"
+        course_dir, "autograde", assignment, "--student", student, "--create", "--force", *limit
     )
 
 
@@ -160,6 +186,10 @@ class NotebookGrade:
     notebook: str
     exercises: list[ExerciseScore]
     edited_test_cells: list[str] = field(default_factory=list)
+    path: str = ""  # the absolute path of the file that was graded
+    modified: str = ""  # its modification time, local, "YYYY-MM-DD HH:MM:SS"
+    note: str | None = None  # how the file was found, when not in the current folder
+    problems: list[str] = field(default_factory=list)  # e.g. the kernel died in a non-test cell
 
     @property
     def points(self) -> float:
@@ -170,49 +200,70 @@ class NotebookGrade:
         return sum(e.max_points for e in self.exercises)
 
 
+MISSING_CELL = (
+    "this test cell is missing from your notebook (deleted?), so its tests did not run: "
+    "copy it back from the released notebook"
+)
+KERNEL_DIED = (
+    "kernel died while running {title} (os._exit, a crash in native code, or out of memory); "
+    "the cells after it ran in a fresh kernel"
+)
+
+
 def read_grade(
     course_dir: str | os.PathLike, student: str, assignment: str, notebook: str
 ) -> NotebookGrade:
     """Points per graded cell from the gradebook, failures from the autograded notebook."""
     import nbformat
-    from nbgrader.api import Gradebook
 
     course_dir = Path(course_dir)
     autograded = course_dir / "autograded" / student / assignment / f"{notebook}.ipynb"
     executed = nbformat.read(autograded, as_version=4)
-    failures = {
-        _grade_id(cell): _failure(cell.get("outputs", []))
-        for cell in executed.cells
-        if _grade_id(cell) is not None
-    }
-    raisers = {
-        _grade_id(cell): raised_in(cell.get("outputs", []))
-        for cell in executed.cells
-        if _grade_id(cell) is not None
-    }
+    outputs = {_grade_id(c): c.get("outputs", []) for c in executed.cells if _grade_id(c)}
     source = nbformat.read(course_dir / SOURCE_DIR / assignment / f"{notebook}.ipynb", as_version=4)
     info = {_grade_id(c): c.metadata.get("distlab", {}) for c in source.cells if _grade_id(c)}
-    order = [_grade_id(c) for c in source.cells if _is_graded(c)]
-    db_url = f"sqlite:///{course_dir / 'gradebook.db'}"
-    with Gradebook(db_url) as gradebook:
-        submission = gradebook.find_submission_notebook(notebook, assignment, student)
-        grades = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
+    grades = _gradebook_scores(course_dir, student, assignment, notebook)
     exercises = []
-    for grade_id in order:
+    for grade_id in [_grade_id(c) for c in source.cells if _is_graded(c)]:
         points, max_points = grades[grade_id]
         meta = info.get(grade_id, {})
+        title = meta.get("exercise", grade_id)
+        failed = points < max_points
+        failure = _failure(outputs[grade_id]) if grade_id in outputs else MISSING_CELL
+        if failure and failure.startswith("DeadKernelError"):
+            failure = KERNEL_DIED.format(title=title)
         exercises.append(
             ExerciseScore(
                 grade_id=grade_id,
-                title=meta.get("exercise", grade_id),
+                title=title,
                 points=points,
                 max_points=max_points,
-                failure=failures.get(grade_id) if points < max_points else None,
+                failure=failure if failed else None,
                 flashcards=meta.get("flashcards"),
-                raised_in=raisers.get(grade_id) if points < max_points else None,
+                raised_in=raised_in(outputs.get(grade_id, [])) if failed else None,
             )
         )
-    return NotebookGrade(assignment, notebook, exercises)
+    return NotebookGrade(assignment, notebook, exercises, problems=_kernel_deaths(executed))
+
+
+def _gradebook_scores(course_dir: Path, student: str, assignment: str, notebook: str):
+    """grade id -> (points, max points), from the gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}") as gradebook:
+        submission = gradebook.find_submission_notebook(notebook, assignment, student)
+        return {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
+
+
+def _kernel_deaths(executed) -> list[str]:
+    """A line for each cell other than a test cell that killed the kernel."""
+    return [
+        f"the kernel died while running cell {index + 1} (not a test cell); "
+        "the cells after it ran in a fresh kernel"
+        for index, cell in enumerate(executed.cells)
+        if not _is_graded(cell)
+        and any(o.get("ename") == "DeadKernelError" for o in cell.get("outputs", []))
+    ]
 
 
 def _grade_id(cell) -> str | None:
@@ -273,71 +324,17 @@ def raised_in(outputs) -> str | None:
 # ------------------------------------------------------- one learner notebook ---
 def identify(notebook_path: str | os.PathLike, root: str | None = None) -> tuple[str, str]:
     """(assignment, notebook name) of a learner's notebook, matched by its graded cells' ids."""
-    import nbformat
+    from distlab.grading_resolve import identify as match
 
-    path = Path(notebook_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such notebook: {path}")
-    if path.suffix != ".ipynb":
-        raise ValueError(f"{path} is not a notebook (expected a .ipynb file)")
-    try:
-        learner = nbformat.read(path, as_version=4)
-    except Exception as exc:  # noqa: BLE001 - any parse failure means "not a notebook"
-        raise ValueError(f"{path} could not be read as a Jupyter notebook: {exc}") from None
-    ids = {_grade_id(c) for c in learner.cells if _is_graded(c)}
-    source_root = find_course_root(root)
-    matches = []
-    for assignment in assignment_names(source_root):
-        for source in source_notebooks(source_root, assignment):
-            nb = nbformat.read(source, as_version=4)
-            graded = {_grade_id(c) for c in nb.cells if _is_graded(c)}
-            if graded and graded & ids:
-                matches.append((len(graded & ids), assignment, source.stem))
-    if not matches:
-        known = ", ".join(assignment_names(source_root))
-        raise ValueError(
-            f"{path} is not part of the distlab course: none of its cells is a graded test "
-            f"cell of the course notebooks ({known}). Grade a notebook from course/."
-        )
-    _, assignment, name = max(matches)
-    return assignment, name
+    return match(notebook_path, root)
 
 
 def find_notebook(notebook: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
-    """The learner's notebook that ``notebook`` names, tried in this order:
+    """The learner's notebook that ``notebook`` names (a path or a course notebook's name),
+    looked for in the current folder first: see :mod:`distlab.grading_resolve`."""
+    from distlab.grading_resolve import resolve_notebook
 
-    1. a path, relative to the current folder (``course/02-collectives/02-collectives.ipynb``);
-    2. the same path relative to the course root, so the README's command also works from a
-       terminal opened in ``course/`` (JupyterLab starts its terminals there);
-    3. an assignment's name, ``02-collectives`` or just ``02`` (``.ipynb`` optional):
-       ``course/02-collectives/02-collectives.ipynb`` under the course root.
-    """
-    given = Path(notebook).expanduser()
-    if given.is_file():
-        return given
-    tried = [str(given)]
-    try:
-        source_root = find_course_root(root)
-    except FileNotFoundError:
-        source_root = None
-    if source_root is not None and not given.is_absolute():
-        candidates = [source_root / given]
-        name = given.name.removesuffix(".ipynb")
-        if len(given.parts) == 1:
-            names = assignment_names(source_root)
-            matches = [a for a in names if a == name or a.split("-", 1)[0] == name]
-            candidates += [source_root / RELEASE_DIR / a / f"{a}.ipynb" for a in matches]
-        for candidate in candidates:
-            if candidate.is_dir():  # an assignment folder: its notebook of the same name
-                candidate = candidate / f"{candidate.name}.ipynb"
-            if candidate.is_file():
-                return candidate
-            tried.append(str(candidate))
-    known = ", ".join(assignment_names(source_root)) if source_root else "none found"
-    raise FileNotFoundError(
-        f"no such notebook: {notebook} (tried {', '.join(dict.fromkeys(tried))}). Give a path "
-        f"to your notebook, or the name of a course notebook: {known}"
-    )
+    return resolve_notebook(notebook, root).path
 
 
 def edited_test_cells(notebook_path: str | os.PathLike) -> list[str]:
@@ -357,6 +354,7 @@ def grade_notebook(
     root: str | None = None,
     keep: str | None = None,
     progress: bool = False,
+    timeout: int | None = None,
 ) -> NotebookGrade:
     """Autograde one learner notebook in a temporary course directory.
 
@@ -367,32 +365,43 @@ def grade_notebook(
 
     ``progress=True`` shows a progress bar on stderr (on a terminal only) while nbgrader
     builds the course directory and runs the notebook.
+
+    ``timeout``: seconds a cell may run before it is stopped and reported as timed out
+    (default: the course config's ``Execute.timeout``).
     """
+    from distlab.grading_resolve import resolve_notebook
     from distlab.progress import progress_bar
 
-    notebook_path = find_notebook(notebook_path, root)
-    assignment, notebook = identify(notebook_path, root)
-    edited = edited_test_cells(notebook_path)
+    found = resolve_notebook(notebook_path, root)
+    notebook = found.notebook
     with (
         tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp,
         progress_bar(f"grading {notebook}", total=3, enabled=progress) as bar,
     ):
-        course_dir = Path(keep) if keep else Path(tmp)
-        course_dir.mkdir(parents=True, exist_ok=True)
-        bar.step("building a course directory (nbgrader generate_assignment)")
-        prepare_course(course_dir, [assignment], root)
-        bar.advance()
         learner = Path(tmp) / "upload" / f"{notebook}.ipynb"
         learner.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(notebook_path, learner)
-        submit(course_dir, DEFAULT_STUDENT, assignment, learner)
+        shutil.copy2(found.path, learner)  # what is graded cannot change while it runs
+        modified = _local_time(learner.stat().st_mtime)
+        course_dir = Path(keep) if keep else Path(tmp) / "course"
+        course_dir.mkdir(parents=True, exist_ok=True)
+        bar.step("building a course directory (nbgrader generate_assignment)")
+        prepare_course(course_dir, [found.assignment], root)
+        bar.advance()
+        submit(course_dir, DEFAULT_STUDENT, found.assignment, learner)
         bar.advance()
         bar.step(f"running {notebook} and its tests (nbgrader autograde)")
-        autograde(course_dir, assignment, DEFAULT_STUDENT)
-        grade = read_grade(course_dir, DEFAULT_STUDENT, assignment, notebook)
+        autograde(course_dir, found.assignment, DEFAULT_STUDENT, timeout)
+        grade = read_grade(course_dir, DEFAULT_STUDENT, found.assignment, notebook)
         bar.advance()
-    grade.edited_test_cells = edited
+        grade.edited_test_cells = edited_test_cells(learner)
+    grade.path = str(found.path)
+    grade.modified = modified
+    grade.note = found.note
     return grade
+
+
+def _local_time(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def flashcard_suggestions(grade: NotebookGrade) -> list[tuple[str, int | None]]:
@@ -411,22 +420,20 @@ def flashcard_suggestions(grade: NotebookGrade) -> list[tuple[str, int | None]]:
 
 
 def format_report(grade: NotebookGrade) -> str:
-    lines = [
-        f"{grade.assignment}/{grade.notebook}.ipynb: {grade.points:g} / {grade.max_points:g} points"
-    ]
+    lines = [f"{grade.assignment}: {grade.points:g} / {grade.max_points:g} points"]
+    if grade.path:
+        lines.append(f"graded {grade.path} (modified {grade.modified})")
+    if grade.note:
+        lines.append(f"note: {grade.note}")
     if grade.edited_test_cells:
         lines.append(
             f"note: {len(grade.edited_test_cells)} read-only test cell(s) were edited "
             f"({', '.join(grade.edited_test_cells)}); they were graded with the original tests."
         )
+    lines += [f"note: {problem}" for problem in grade.problems]
     width = max((len(e.title) for e in grade.exercises), default=0)
     for e in grade.exercises:
-        status = "passed" if e.passed else "FAILED"
-        lines.append(f"  {e.title:<{width}}  {e.points:g}/{e.max_points:g}  {status}")
-        if e.failure:
-            lines.extend(f"      {line}" for line in e.failure.splitlines())
-        if e.failure and e.raised_in:
-            lines.append(f"      raised in {e.raised_in}()")
+        lines += _exercise_lines(e, width, e.grade_id in grade.edited_test_cells)
     suggestions = flashcard_suggestions(grade)
     if suggestions:
         lines.append("Review the topics you missed:")
@@ -434,6 +441,19 @@ def format_report(grade: NotebookGrade) -> str:
             count = "" if n_cards is None else f"   ({n_cards} card{'' if n_cards == 1 else 's'})"
             lines.append(f"  flashcards drill --notebook {section}{count}")
     return "\n".join(lines)
+
+
+def _exercise_lines(e: ExerciseScore, width: int, edited: bool) -> list[str]:
+    status = "passed" if e.passed else "FAILED"
+    lines = [f"  {e.title:<{width}}  {e.points:g}/{e.max_points:g}  {status}"]
+    if edited:
+        lines.append("      your copy of this test cell was edited: graded with the original test")
+    if e.failure:
+        lines.extend(f"      {line}" for line in e.failure.splitlines())
+    if e.failure and e.raised_in:
+        where = "stopped in" if e.failure.startswith("TimeoutError") else "raised in"
+        lines.append(f"      {where} {e.raised_in}()")
+    return lines
 
 
 # ------------------------------------------------------------------------ CLI ---
@@ -458,24 +478,58 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--keep", metavar="DIR", help="build the course directory in DIR and keep it"
     )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=os.environ.get(TIMEOUT_ENV_VAR),
+        metavar="SECONDS",
+        help=f"stop a cell that runs longer and report it as timed out (default: "
+        f"${TIMEOUT_ENV_VAR}, else the course's Execute.timeout)",
+    )
     parser.set_defaults(func=_main)
 
 
-def _main(args: argparse.Namespace) -> int:
+def _seconds(text: str) -> int:
     try:
-        grade = grade_notebook(args.notebook, args.course_root, args.keep, progress=not args.json)
+        seconds = int(text)
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds >= 1")
+    return seconds
+
+
+def _main(args: argparse.Namespace) -> int:
+    from distlab.grading_run import Interrupted, signals_raise
+
+    try:
+        with signals_raise():
+            grade = grade_notebook(
+                args.notebook, args.course_root, args.keep, not args.json, args.timeout
+            )
     except FileNotFoundError as exc:
         raise ValueError(str(exc)) from None
-    if args.json:
-        payload = {
-            "assignment": grade.assignment,
-            "notebook": grade.notebook,
-            "points": grade.points,
-            "max_points": grade.max_points,
-            "edited_test_cells": grade.edited_test_cells,
-            "exercises": [e.__dict__ for e in grade.exercises],
-        }
-        print(json.dumps(payload, indent=2))
-    else:
-        print(format_report(grade))
+    except Interrupted as stop:
+        print(
+            f"distlab grade: stopped by {stop}; every process it started has ended and its "
+            "temporary folders are removed",
+            file=sys.stderr,
+        )
+        return stop.exit_code
+    print(json.dumps(_as_json(grade), indent=2) if args.json else format_report(grade))
     return 0 if grade.points >= grade.max_points else 1
+
+
+def _as_json(grade: NotebookGrade) -> dict:
+    return {
+        "assignment": grade.assignment,
+        "notebook": grade.notebook,
+        "path": grade.path,
+        "modified": grade.modified,
+        "note": grade.note,
+        "points": grade.points,
+        "max_points": grade.max_points,
+        "edited_test_cells": grade.edited_test_cells,
+        "problems": grade.problems,
+        "exercises": [e.__dict__ for e in grade.exercises],
+    }

@@ -1,0 +1,101 @@
+"""nbgrader's Execute step, made to say how a cell ended when it did not end normally.
+
+:func:`distlab.grading.prepare_course` puts :class:`GuardedExecute` in place of nbgrader's
+``Execute`` in the course directory's config, so the learner's ``distlab grade`` and the
+course's tests run notebooks the same way. Two ways out change:
+
+* **a cell runs past the timeout**: nbgrader interrupts it, and the cell showed the
+  ``KeyboardInterrupt`` that the interrupt raised. Here its error reads
+  ``TimeoutError: timed out after N s`` (the traceback is kept: it shows where it was).
+* **the kernel dies** (``os._exit``, a crash in native code, out of memory): nbgrader
+  stopped grading with a ``DeadKernelError``, and no exercise had a result. Here the cell
+  gets the error ``DeadKernelError: the kernel died while running this cell``, a fresh
+  kernel replays the cells before it (their first outputs are kept), and the notebook
+  goes on after it, so every other exercise is graded. After ``max_kernel_deaths`` deaths
+  the cells left are marked as not run (an unrun test cell must not count as passed).
+"""
+
+from __future__ import annotations
+
+from nbclient.exceptions import DeadKernelError
+from nbformat import NotebookNode
+from nbgrader.preprocessors import Execute
+from traitlets import Integer
+
+KERNEL_DIED = (
+    "the kernel died while running this cell (os._exit, a crash in native code, or out of memory)"
+)
+
+
+def error_output(ename: str, evalue: str, traceback: list[str] | None = None) -> NotebookNode:
+    return NotebookNode(
+        output_type="error",
+        ename=ename,
+        evalue=evalue,
+        traceback=traceback or [f"{ename}: {evalue}"],
+    )
+
+
+class GuardedExecute(Execute):
+    """nbgrader's Execute that reports timeouts and survives a dead kernel."""
+
+    max_kernel_deaths = Integer(3, help="deaths after which the remaining cells are not run").tag(
+        config=True
+    )
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._dead: list[int] = []  # cells that killed the kernel
+        self._resume_at = 0  # cells before this one ran already: replay them, keep outputs
+        while True:
+            try:
+                return super().preprocess(nb, resources, km)
+            except DeadKernelError:
+                index = self._running
+                nb.cells[index].outputs.append(error_output("DeadKernelError", KERNEL_DIED))
+                self._dead.append(index)
+                self._resume_at = max(self._resume_at, index + 1)
+                self.log.error("The kernel died while running cell %d", index)
+                if len(self._dead) >= self.max_kernel_deaths:
+                    return self._give_up(nb, index + 1)
+
+    def _give_up(self, nb, start: int):
+        evalue = f"not run: the kernel died {len(self._dead)} times before this cell"
+        for cell in nb.cells[start:]:
+            if cell.cell_type == "code":
+                cell.outputs = [error_output("NotRun", evalue)]
+        return nb, self.resources
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code" or index in self._dead:
+            return cell, resources
+        self._running = index
+        self._timed_out = None
+        if index < self._resume_at:
+            return self._replay(cell, resources, index)
+        cell, resources = super().preprocess_cell(cell, resources, index)
+        if self._timed_out is not None:
+            _report_timeout(cell, self._timed_out)
+        return cell, resources
+
+    def _replay(self, cell, resources, index):
+        """Run a cell again for the state it builds; its result is the first run's."""
+        kept = cell.outputs, cell.get("execution_count")
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        finally:
+            cell.outputs, cell.execution_count = kept
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._timed_out = timeout
+        return await super()._async_handle_timeout(timeout, cell)
+
+
+def _report_timeout(cell, timeout: int) -> None:
+    """Replace what the interrupt raised by one error that says the cell timed out."""
+    errors = [o for o in cell.outputs if o.output_type == "error"]
+    traceback = list(errors[0].get("traceback", []))[:-1] if errors else []
+    evalue = f"timed out after {timeout} s (an endless loop, or a wait that never ends?)"
+    cell.outputs = [o for o in cell.outputs if o.output_type != "error"]
+    cell.outputs.append(
+        error_output("TimeoutError", evalue, traceback + [f"TimeoutError: {evalue}"])
+    )

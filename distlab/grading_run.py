@@ -1,0 +1,187 @@
+"""Run nbgrader so that nothing it starts outlives it.
+
+Grading runs a learner's code, and that code may start processes of its own (a
+``subprocess.Popen``, the launcher's workers), some in a session of their own (the
+Jupyter kernel always is). :func:`run_contained` therefore
+
+* starts the command in a new session (its own process group), with stdin closed and
+  its output in an unnamed temporary file, so no process it leaves behind holds the
+  caller's terminal or pipe open;
+* tags it with a token in its environment, inherited by every process it starts, and
+  gives it a private ``TMPDIR`` and ``JUPYTER_RUNTIME_DIR`` (kernel connection files)
+  inside a temporary folder;
+* on every way out (it finished, failed, or the caller was interrupted) stops and then
+  kills the command's process group, its process tree and every process that carries the
+  token, in whatever session, and only then removes the temporary folder.
+
+:func:`signals_raise` turns SIGINT, SIGTERM and SIGHUP into :class:`Interrupted`, so that
+the ``finally`` blocks and ``TemporaryDirectory`` contexts run on those ways out too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+TOKEN_VAR = "DISTLAB_GRADE_RUN"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PROC = Path("/proc")
+
+
+class Interrupted(Exception):
+    """The grader received ``signum``; everything it started has been ended."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(f"Ctrl+C ({name})" if signum == signal.SIGINT else name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for Ctrl+C, 143 for SIGTERM
+
+
+@contextlib.contextmanager
+def signals_raise():
+    """Within the block, SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` (once: later
+    ones are ignored, so the clean-up that follows is not cut short)."""
+
+    def handler(signum, frame):
+        for stop in STOP_SIGNALS:
+            signal.signal(stop, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {stop: signal.signal(stop, handler) for stop in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for stop, action in previous.items():
+            signal.signal(stop, action)
+
+
+def run_contained(
+    command: list[str], cwd: str | os.PathLike, env: dict[str, str]
+) -> tuple[int, str]:
+    """Run ``command``; return its exit code and output. Every process it started has
+    ended, and its temporary folder is gone, when this returns or raises."""
+    token = uuid.uuid4().hex
+    with (
+        tempfile.TemporaryDirectory(prefix="distlab-nbgrader-") as scratch,
+        tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log,
+    ):
+        for sub in ("tmp", "runtime"):
+            (Path(scratch) / sub).mkdir()
+        env = {
+            **env,
+            TOKEN_VAR: token,
+            "TMPDIR": str(Path(scratch) / "tmp"),
+            "JUPYTER_RUNTIME_DIR": str(Path(scratch) / "runtime"),
+        }
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = process.wait()
+        finally:
+            end_everything(process, token)
+        log.seek(0)
+        return code, log.read()
+
+
+def end_everything(process: subprocess.Popen, token: str) -> None:
+    """Stop, then kill, ``process``'s group, its tree and every process tagged with ``token``."""
+    alive = descendants(process.pid) | tagged(token)
+    if process.poll() is None:
+        alive.add(process.pid)
+    for _ in range(100):  # a process may fork while we look: look again until none is left
+        alive -= {os.getpid()}
+        if not alive:
+            break
+        for pid in alive:
+            _signal(pid, signal.SIGSTOP)  # frozen processes cannot start new ones
+        for pid in alive:
+            _kill_group_and_process(pid)
+        time.sleep(0.02)
+        alive = tagged(token)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # its group: what left both tree and tag
+    process.wait()
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def _kill_group_and_process(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        group = os.getpgid(pid)
+        if group != os.getpgrp():  # never the caller's own group
+            os.killpg(group, signal.SIGKILL)
+    _signal(pid, signal.SIGKILL)
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live process (Linux /proc; psutil elsewhere, if installed)."""
+    if PROC.is_dir():
+        parents = {}
+        for entry in PROC.iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    if fields[0] != "Z":  # a zombie has already ended
+                        parents[int(entry.name)] = int(fields[1])
+        return parents
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def tagged(token: str) -> set[int]:
+    """Every live process (of this user) whose environment carries ``token``."""
+    mark = f"{TOKEN_VAR}={token}".encode()
+    found = set()
+    for pid in _parents():
+        with contextlib.suppress(OSError):
+            if mark in (PROC / str(pid) / "environ").read_bytes().split(b"\0"):
+                found.add(pid)
+    if not PROC.is_dir():
+        found |= _tagged_psutil(mark.decode())
+    return found
+
+
+def _tagged_psutil(mark: str) -> set[int]:
+    try:
+        import psutil
+    except ImportError:
+        return set()
+    name, value = mark.split("=", 1)
+    found = set()
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(name) == value:
+                found.add(process.pid)
+    return found
