@@ -4,11 +4,13 @@
   block, forward (left to right) and backward (right to left, in the order
   autograd runs it), drawn from the log a
   :class:`~distlab.parallel.tensor.TensorParallelComm` kept while a block ran.
-  Tensor parallelism shows Megatron's f and g (Shoeybi et al. 2019, Figure 3);
-  sequence parallelism their all-gather/reduce-scatter halves (Korthikanti et
-  al. 2022, Figure 5).
-* :func:`plot_activation_bytes`: activation bytes per rank against t, with
-  and without sequence parallelism, measured points on Table 2's lines
+  Each marker names its operator (:func:`operator_name`): tensor parallelism
+  shows Megatron's f and g (Shoeybi et al. 2019, Figure 3), sequence
+  parallelism Korthikanti et al.'s g and g-bar, the all-gather/reduce-scatter
+  halves of the all-reduce (Korthikanti et al. 2022, Figure 5).
+* :func:`plot_activation_bytes`: activation bytes per rank against the
+  (integer) tensor-parallel size t, with and without sequence parallelism and,
+  if given, with selective recomputation: measured points on Table 2's lines
   (computed by :func:`distlab.calc.memory.activation_bytes_per_layer`).
 
 Both return a :class:`matplotlib.figure.Figure` (no pyplot state).
@@ -27,7 +29,38 @@ from distlab.calc.memory import activation_bytes_per_layer
 STAGES = ("LN1", "q k v", "attention", "proj", "+", "LN2", "fc1", "GeLU", "fc2", "+")
 #: The stage boundary (index into STAGES) where a logged collective sits.
 BOUNDARY = {"attn in": 1, "attn.proj out": 4, "mlp in": 6, "mlp.fc2 out": 9}
-_COLORS = {"all_reduce": "#c44e52", "all_gather": "#4c72b0", "reduce_scatter": "#dd8452"}
+#: Where a block's tensor-parallel region starts (the other BOUNDARY entries end one).
+ENTRIES = ("attn in", "mlp in")
+_COLORS = {"f": "#4c72b0", "g": "#c44e52", "g-bar": "#dd8452"}
+_DRAWN = {"f": "f", "g": "g", "g-bar": r"$\bar{g}$"}
+
+
+def spelled(collective: str) -> str:
+    """A collective's name as figures write it: ``"all_reduce"`` -> ``"all-reduce"``."""
+    return collective.replace("_", "-")
+
+
+def operator_name(where: str, collective: str) -> str:
+    """The conjugate operator that issued a collective logged at ``where``.
+
+    With all-reduces (tensor parallelism, Shoeybi et al. 2019, Section 3): ``"f"`` enters a
+    tensor-parallel region (identity forward, all-reduce backward), ``"g"`` leaves it
+    (all-reduce forward, identity backward). With all-gathers and reduce-scatters (sequence
+    parallelism, Korthikanti et al. 2022, Section 4.2.2): ``"g"`` enters (all-gather forward,
+    reduce-scatter backward), ``"g-bar"`` leaves (reduce-scatter forward, all-gather backward).
+    """
+    base = where.removesuffix(" (re-gather)")
+    if base not in BOUNDARY:
+        raise ValueError(f"no place in a block for a collective at {where!r}; known: {BOUNDARY}")
+    entering = base in ENTRIES
+    if collective == "all_reduce":
+        return "f" if entering else "g"
+    if collective in ("all_gather", "reduce_scatter"):
+        return "g" if entering else "g-bar"
+    raise ValueError(
+        f"no operator issues collective {collective!r} in a block; known: all_reduce, "
+        "all_gather, reduce_scatter"
+    )
 
 
 def collective_position(phase: str, where: str) -> int:
@@ -41,7 +74,9 @@ def collective_position(phase: str, where: str) -> int:
 
 def plot_block_collectives(events: Sequence, *, title: str | None = None) -> Figure:
     """One row per pass with the block's stages, a marker per collective in ``events``
-    (:class:`~distlab.parallel.tensor.ops.CommEvent`) at the boundary where it ran."""
+    (:class:`~distlab.parallel.tensor.ops.CommEvent`) at the boundary where it ran, labelled
+    with its operator (:func:`operator_name`) and its collective, in the legend and beside
+    the marker alike (``"f: all-reduce"``; g-bar is drawn as a g with a bar)."""
     fig = Figure(figsize=(9, 2.8), layout="constrained")
     ax = fig.add_subplot()
     rows = {"forward": 1.0, "backward": 0.0}
@@ -55,8 +90,10 @@ def plot_block_collectives(events: Sequence, *, title: str | None = None) -> Fig
         x = collective_position(event.phase, event.where)
         y = rows[event.phase] + 0.38 + 0.14 * stacked[(event.phase, x)]
         stacked[(event.phase, x)] += 1
-        ax.plot([x], [y], "v", color=_COLORS.get(event.collective, "black"), label=event.collective)
-        ax.text(x + 0.08, y, event.collective.replace("_", "-"), fontsize=7, va="center")
+        operator = operator_name(event.where, event.collective)
+        label = f"{_DRAWN[operator]}: {spelled(event.collective)}"
+        ax.plot([x], [y], "v", color=_COLORS[operator], label=label)
+        ax.text(x + 0.08, y, label, fontsize=7, va="center")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     if unique:
@@ -76,16 +113,28 @@ def plot_activation_bytes(
     micro_batch: int,
     hidden: int,
     heads: int,
+    selective: Mapping[int, float] | None = None,
 ) -> Figure:
-    """Activation bytes per rank vs t. ``measured[(t, sequence_parallel)]`` are
-    points (e.g. saved-tensor counts without LayerNorm statistics); the lines
-    are Korthikanti et al. 2022, Table 2, for every t that divides ``heads``
-    (and ``seq_len`` with SP)."""
+    """Activation bytes per rank vs the tensor-parallel size t (integer ticks).
+
+    ``measured[(t, sequence_parallel)]`` are points (e.g. saved-tensor counts without
+    LayerNorm statistics); ``selective[t]``, if given, are points measured with sequence
+    parallelism and selective recomputation. The lines are Korthikanti et al. 2022,
+    Table 2, for every t that divides ``heads`` (and ``seq_len`` with SP), one line per
+    series drawn."""
     fig = Figure(figsize=(6, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    t_max = max([t for t, _ in measured] or [1])
-    for sp, color, name in ((False, "#4c72b0", "TP"), (True, "#55a868", "TP + SP")):
+    t_max = max([t for t, _ in measured] + list(selective or ()) or [1])
+    series = [
+        ("TP", "#4c72b0", False, "none", {t: b for (t, sp), b in measured.items() if not sp}),
+        ("TP + SP", "#55a868", True, "none", {t: b for (t, sp), b in measured.items() if sp}),
+    ]
+    if selective is not None:
+        series.append(("TP + SP + selective recompute", "#8172b2", True, "selective", selective))
+    ticks: set[int] = set()
+    for name, color, sp, recompute, points in series:
         ts = [t for t in range(1, t_max + 1) if heads % t == 0 and (not sp or seq_len % t == 0)]
+        ticks.update(ts)
         formula = [
             activation_bytes_per_layer(
                 seq_len=seq_len,
@@ -94,16 +143,18 @@ def plot_activation_bytes(
                 heads=heads,
                 tp=t,
                 sequence_parallel=sp,
+                recompute=recompute,
             )
             / 2**10
             for t in ts
         ]
         ax.plot(ts, formula, "-", color=color, label=f"{name}: Table 2")
-        points = sorted((t, b / 2**10) for (t, s), b in measured.items() if s == sp)
         if points:
-            ax.scatter(*zip(*points, strict=True), color=color, zorder=3, label=f"{name}: measured")
+            xy = sorted((t, b / 2**10) for t, b in points.items())
+            ax.scatter(*zip(*xy, strict=True), color=color, zorder=3, label=f"{name}: measured")
+    ax.set_xticks(sorted(ticks))
     ax.set_xlabel("tensor-parallel size t")
     ax.set_ylabel("activation KiB per rank per layer")
     ax.set_title(f"s={seq_len}, b={micro_batch}, h={hidden}, a={heads}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left")  # the lines fall to the right: that corner is free
     return fig
