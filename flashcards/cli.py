@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -25,10 +26,13 @@ from typing import TextIO
 
 from rich import box
 from rich.columns import Columns
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.markdown import Markdown
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from flashcards.course_order import in_course_order, up_to_notebook
 from flashcards.model import Card, Deck, load_deck
@@ -230,15 +234,52 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+class Breakable:
+    """Text that a table cell wraps at spaces, after a ``-`` and before a ``#``, never inside a
+    word; ``\\n`` forces a break.
+
+    Notebook anchors and tags are long hyphenated slugs (``07-tensor-and-sequence-parallelism``);
+    rich wraps only at spaces and folds the rest mid-word (``07-tensor-an`` / ``d-sequence``).
+    """
+
+    _PIECE = re.compile(r"#?[^\s#-]*-+|#?[^\s#-]+|[ \t]+|\n")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def pieces(self) -> list[str]:
+        return self._PIECE.findall(self.text)
+
+    def lines(self, width: int) -> list[str]:
+        """Greedy wrap to ``width``; a piece longer than ``width`` stays whole."""
+        lines, line, space = [], "", False
+        for piece in self.pieces():
+            if piece == "\n":
+                lines.append(line)
+                line, space = "", False
+            elif piece.isspace():
+                space = bool(line)
+            else:
+                joined = line + (" " if space else "") + piece
+                if line and len(joined) > width:
+                    lines.append(line)
+                    joined = piece
+                line, space = joined, False
+        return [*lines, line]
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        words = [p for p in self.pieces() if not p.isspace()]
+        longest_line = max(len(line) for line in self.text.split("\n"))
+        return Measurement(max(map(len, words), default=0), longest_line)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text("\n".join(self.lines(options.max_width)), no_wrap=True, overflow="ignore")
+
+
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     states = Store(args.db).card_states()
     cards = _selected(args)
-    # The id is what `flashcards unsuspend` takes: never cut or wrapped, at any terminal
-    # width; the other columns fold instead.
-    table = Table(box=box.SIMPLE_HEAD, title=f"{len(cards)} {_plural(len(cards), 'card')}")
-    table.add_column("id", no_wrap=True, min_width=max((len(c.slug) for c in cards), default=2))
-    for column in ("tags", "notebook", "state", "due"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for card in cards:
         s = states.get(card.card_id)
         if s is None:
@@ -247,7 +288,31 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
             state = "suspended" if s.suspended else s.card.state.name.lower()
             state += " (leech)" if s.leech else ""
             due = s.card.due.strftime("%Y-%m-%d %H:%M")
-        table.add_row(card.slug, " ".join(card.tags), card.notebook, state, due)
+        rows.append((card, " ".join(card.tags), state, due))
+    # The id is what `flashcards unsuspend` takes: never cut or wrapped, at any terminal
+    # width; the other columns wrap at spaces and hyphens, never inside a word (Breakable).
+    # One line per card when the widest row fits; otherwise (80 columns hold the id, the tags,
+    # the state and the date, no more) the notebook goes under the id instead of being wrapped
+    # into a narrow column of its own.
+    id_width = max((len(c.slug) for c in cards), default=2)
+    for stacked in (False, True):
+        table = Table(box=box.SIMPLE_HEAD, title=f"{len(cards)} {_plural(len(cards), 'card')}")
+        if stacked:
+            table.add_column("id / notebook", width=id_width)
+        else:
+            table.add_column("id", no_wrap=True, min_width=id_width)
+        for column in ("tags", "state", "due") if stacked else ("tags", "notebook", "state", "due"):
+            table.add_column(column)
+        for card, tags, state, due in rows:
+            if stacked:
+                first = Group(card.slug, Padding(Breakable(card.notebook), (0, 0, 0, 2)))
+                table.add_row(first, *(Breakable(cell) for cell in (tags, state, due)))
+            else:
+                cells = (tags, card.notebook, state, due)
+                table.add_row(card.slug, *(Breakable(cell) for cell in cells))
+        wide = console.options.update_width(10_000)
+        if Measurement.get(console, wide, table).maximum <= console.width:
+            break
     console.print(table)
     return 0
 

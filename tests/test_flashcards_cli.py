@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -268,3 +270,48 @@ def test_up_to_selects_the_notebooks_done_so_far(tmp_path, monkeypatch):
         ["drill", "--db", db, "--deck", str(TEST_DECK), "--up-to", "13"], "", monkeypatch
     )
     assert code == 2
+
+
+def test_list_in_an_80_column_pipe_breaks_no_notebook_mid_word(tmp_path):
+    """Issue 27: `COLUMNS=80 flashcards list | less` cut `07-tensor-an` / `d-sequence-p`.
+    Through a real pipe, every notebook anchor is broken only after a `-` or before a `#`."""
+    env = {**os.environ, "COLUMNS": "80"}
+    env.pop("FORCE_COLOR", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "flashcards.cli", "list", "--db", str(tmp_path / "r.db")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    header = next(line for line in lines if line.lstrip().startswith("id"))
+    assert "id / notebook" in header  # 80 columns: the notebook goes under the id
+    first_column = slice(0, header.index("tags"))
+    rows: list[list[str]] = []
+    for line in lines[lines.index(header) + 2 :]:
+        cell = line[first_column]
+        if cell.startswith("  ") and not cell.startswith("   "):  # an id starts a row
+            rows.append([cell.strip()])
+        elif cell.strip():
+            rows[-1].append(cell.strip())
+    deck = {c.slug: c for c in load_deck(default_deck_dir())}
+    assert [row[0] for row in rows] == [c.slug for c in in_course_order(deck.values())]
+    for slug, *pieces in rows:
+        assert "".join(pieces) == deck[slug].notebook, (slug, pieces)
+        for piece, after in itertools.pairwise(pieces):
+            assert piece.endswith("-") or after.startswith("#"), (slug, pieces)
+
+
+@pytest.mark.parametrize("width", [8, 14, 20, 80])
+def test_breakable_wraps_only_between_words(width):
+    from flashcards.cli import Breakable
+
+    text = "07-tensor-and-sequence-parallelism#column-row tensor-sequence core"
+    lines = Breakable(text).lines(width)
+    assert " ".join(lines).replace("- ", "-").replace(" #", "#") == text
+    for line, after in itertools.pairwise(lines):
+        assert line.endswith("-") or after.startswith("#") or text.find(f"{line} {after}") >= 0
+    assert all(len(line) <= max(width, 12) for line in lines)  # "parallelism-" is one word
