@@ -25,7 +25,9 @@ and revealed (:func:`flashcards.render.cloze_front` / :func:`~flashcards.render.
 so every reviewer (widget, terminal) shows it like any other card.
 
 The format is the contract in ``notes/deck_format.md``. Every problem is reported as a
-:class:`DeckError` naming the file, the card (id or position) and the field.
+:class:`DeckError` naming the file, the card (id or position) and the field, including two
+that YAML itself lets through: a file that is not UTF-8 (the error gives the byte offset) and
+a key written twice in one mapping (YAML would keep the last value without a word).
 
 FSRS and Anki want integer card ids; :func:`card_id_for` derives one from the slug with
 SHA-256, so the id survives edits of the text and a reordering of the files.
@@ -233,10 +235,7 @@ def load_deck(path: str | os.PathLike | None = None) -> Deck:
 def load_card_file(path: str | os.PathLike) -> tuple[str, str, list[Card]]:
     """Parse and validate one topic file; returns ``(topic, title, cards)``."""
     path = Path(path)
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise DeckError(f"{path}: not valid YAML: {exc}") from None
+    data = _parse_yaml(path)
     if not isinstance(data, dict):
         raise DeckError(f"{path}: expected a mapping with keys topic, title, cards")
     unknown = sorted(set(data) - _FILE_KEYS)
@@ -269,6 +268,83 @@ def load_card_file(path: str | os.PathLike) -> tuple[str, str, list[Card]]:
             slugs[card.slug] = index
             cards.append(card)
     return topic, title, cards
+
+
+def _parse_yaml(path: Path) -> Any:
+    """The YAML document of a card file, refusing text that is not UTF-8 (naming the byte)
+    and a mapping that repeats a key (YAML would keep the last value without a word)."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DeckError(
+            f"{path}: not UTF-8 text: byte {exc.start} (line {line}) is "
+            f"0x{raw[exc.start]:02x}; save the card file as UTF-8"
+        ) from None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        repeated = _repeated_key(node)
+        if repeated is not None:
+            raise DeckError(f"{path}: {repeated}")
+        return None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise DeckError(f"{path}: not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _repeated_key(root: yaml.Node | None) -> str | None:
+    """Where the first repeated key of a card file is, in the deck's words, or None."""
+    if not isinstance(root, yaml.MappingNode):
+        return None  # not a mapping: load_card_file says so
+    for name, key, first, second in _repeated_keys(root):
+        if "." not in name and "[" not in name:
+            return f"top-level field {key!r} appears twice ({_lines(first, second)}); keep one"
+    for key_node, value in root.value:
+        if key_node.value != "cards" or not isinstance(value, yaml.SequenceNode):
+            continue
+        for index, card in enumerate(value.value, start=1):
+            for name, _, first, second in _repeated_keys(card):
+                slug = _scalar_field(card, "id")
+                where = f"card {slug!r} (#{index})" if slug else f"card #{index}"
+                return (
+                    f"{where}: field {name!r} appears twice ({_lines(first, second)}); "
+                    "YAML would keep only the last one"
+                )
+    return None
+
+
+def _lines(first: int, second: int) -> str:
+    return f"lines {first} and {second}" if first != second else f"both on line {first}"
+
+
+def _repeated_keys(node: yaml.Node, at: str = ""):
+    """``(field, key, first line, second line)`` for each key that a mapping in ``node``
+    repeats; ``field`` names it from ``node`` down (``checks[0].expr``)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+            name = f"{at}.{key}" if at else key
+            line = key_node.start_mark.line + 1
+            if key in seen and isinstance(key_node, yaml.ScalarNode):
+                yield name, key, seen[key], line
+            seen.setdefault(key, line)
+            yield from _repeated_keys(value, name)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _repeated_keys(item, f"{at}[{index}]")
+
+
+def _scalar_field(node: yaml.Node, key: str) -> str | None:
+    """The first ``key: value`` scalar of a mapping node (the card id, before construction)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value in node.value:
+            if key_node.value == key and isinstance(value, yaml.ScalarNode):
+                return value.value
+    return None
 
 
 def _where(card: Card) -> str:

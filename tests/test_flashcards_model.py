@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from flashcards.model import DeckError, card_id_for, load_card_file, load_deck
+from flashcards.model import DECK_ENV_VAR, DeckError, card_id_for, load_card_file, load_deck
 
 TEST_DECK = Path(__file__).parent / "data" / "deck"
 
@@ -179,6 +180,66 @@ def test_file_level_errors_name_the_file(tmp_path):
         load_deck(tmp_path)
     with pytest.raises(DeckError, match="no such deck folder"):
         load_deck(tmp_path / "missing")
+
+
+def test_a_file_that_is_not_utf8_is_named_with_the_byte(tmp_path, monkeypatch, capsys):
+    """Issue 30: a Latin-1 card file raised a bare UnicodeDecodeError naming no file."""
+    write_topic(tmp_path, "alpha", GOOD_CARD.format(id="fine", topic="alpha"))
+    path = write_topic(tmp_path, "beta", GOOD_CARD.format(id="bad", topic="beta"))
+    raw = path.read_bytes().replace(b"It is 42.", "It is 42 \u00b0C.".encode("latin-1"))
+    path.write_bytes(raw)
+    offset = raw.index(b"\xb0")
+    message = f"beta.yaml: not UTF-8 text: byte {offset} (line 8) is 0xb0"
+    with pytest.raises(DeckError, match=re.escape(message)):
+        load_deck(tmp_path)
+    # the command says the same, through --deck and through $DISTLAB_FLASHCARDS_DECK
+    from flashcards.cli import main
+
+    assert main(["list", "--deck", str(tmp_path), "--db", str(tmp_path / "r.db")]) == 2
+    assert message in capsys.readouterr().err
+    monkeypatch.setenv(DECK_ENV_VAR, str(tmp_path))
+    assert main(["list", "--db", str(tmp_path / "r.db")]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("cards", "words"),
+    [
+        (
+            GOOD_CARD.format(id="twice", topic="alpha") + "    a: It is 43.\n",
+            "card 'twice' (#1): field 'a' appears twice (lines 8 and 9)",
+        ),
+        (
+            GOOD_CARD.format(id="first", topic="alpha")
+            + GOOD_CARD.format(id="second", topic="alpha").replace(
+                "    q: What", '    notebook: "03-algorithms-and-cost"\n    q: What'
+            ),
+            "card 'second' (#2): field 'notebook' appears twice (lines 11 and 12)",
+        ),
+        (
+            GOOD_CARD.format(id="checked", topic="alpha")
+            + '    checks:\n      - {expr: "6 * 7", value: 42, expr: "40", text: "42"}\n',
+            "card 'checked' (#1): field 'checks[0].expr' appears twice (both on line 10)",
+        ),
+        (
+            "  - id: first\n    id: renamed\n" + GOOD_CARD.format(id="x", topic="alpha")[9:],
+            "card 'first' (#1): field 'id' appears twice (lines 4 and 5)",
+        ),
+    ],
+)
+def test_a_repeated_key_is_refused_with_file_card_and_key(tmp_path, cards, words):
+    """Issue 30: YAML keeps the last of two equal keys without a word; the deck refuses it."""
+    write_topic(tmp_path, "alpha", cards)
+    with pytest.raises(DeckError) as error:
+        load_deck(tmp_path)
+    assert f"alpha.yaml: {words}" in str(error.value)
+
+
+def test_a_repeated_top_level_key_is_refused(tmp_path):
+    path = tmp_path / "alpha.yaml"
+    path.write_text("topic: alpha\ntitle: one\ntitle: two\ncards: []\n", encoding="utf-8")
+    with pytest.raises(DeckError, match="alpha.yaml: top-level field 'title' appears twice"):
+        load_deck(tmp_path)
 
 
 # ------------------------------------------------------------------ cloze notes ---
