@@ -27,6 +27,13 @@ ranks each using every core would fight over them; ``fn`` may call it again).
 Workers run in their own session, so Ctrl+C (SIGINT, also what "interrupt
 kernel" sends) reaches only the parent: it stops every worker of the job and
 raises ``KeyboardInterrupt`` in the cell. A worker whose parent dies exits.
+Each worker leads its own process group, and the launcher ends a worker by
+killing that whole group, so processes a rank started (a ``subprocess`` it
+forgot, a shell pipeline) end with it; a warm worker also ends them after each
+job. A warm worker that died while idle is noticed before it gets a job (it
+must answer a ping) and replaced. When a job runs past its timeout, every
+unfinished rank's Python stack is read (``faulthandler`` on ``SIGUSR1``), so
+:class:`LaunchTimeoutError` says where each rank was stuck.
 
 Under ``torchrun`` the same worker code runs unchanged: call :func:`init`
 at the top of the script and then ``fn(rank, world_size)``.
@@ -36,11 +43,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -110,7 +120,17 @@ class RankError(RuntimeError):
 
 
 class LaunchTimeoutError(TimeoutError):
-    """The job ran past its timeout (often a deadlock: a rank waits for a message never sent)."""
+    """The job ran past its timeout (often a deadlock: a rank waits for a message never sent).
+
+    ``stuck`` maps each unfinished rank to where it was when the job was stopped
+    (``"recv <- execute <- ring_all_reduce <- fn"``, innermost first), and
+    ``stacks`` to its whole Python stack, as ``faulthandler`` printed it.
+    """
+
+    def __init__(self, message: str, stuck: dict | None = None, stacks: dict | None = None):
+        super().__init__(message)
+        self.stuck = dict(stuck or {})
+        self.stacks = dict(stacks or {})
 
 
 # ------------------------------------------------------------ wire messages ---
@@ -132,7 +152,14 @@ class Job(NamedTuple):
 
 
 class Ready(NamedTuple):
-    """Worker -> parent: started and torch.distributed imported."""
+    """Worker -> parent: started and torch.distributed imported (and the answer to a
+    :class:`Ping`). ``stack_file``: where the worker's stack goes on ``SIGUSR1``."""
+
+    stack_file: str = ""
+
+
+class Ping(NamedTuple):
+    """Parent -> idle worker: are you alive? (answered with :class:`Ready`)."""
 
 
 class Output(NamedTuple):
@@ -195,11 +222,52 @@ class _RankOutput:
 
 
 def _watch_parent(parent_pid: int) -> None:
-    # No orphans: if the notebook kernel dies, its workers exit too.
+    # No orphans: if the notebook kernel dies, its workers exit too, with what they started.
     while True:
         if os.getppid() != parent_pid:
+            _end_started_processes()
             os._exit(1)
         time.sleep(0.5)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """PIDs in process group ``pgid``, read from ``/proc`` (empty where there is none)."""
+    members = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:  # it ended while we looked
+                continue
+            if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp, ...
+                members.append(int(entry))
+    return members
+
+
+def _end_started_processes() -> None:
+    """In a worker: kill every other process of its group (what the job started)."""
+    me = os.getpid()
+    for pid in _group_members(os.getpgrp()):
+        if pid != me:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+_stack_out = None  # the open file faulthandler writes to (kept alive here)
+
+
+def _stack_file() -> str:
+    """Register a faulthandler dump of this worker's threads on SIGUSR1; return its file.
+
+    Opened for appending, so after the parent empties it a new dump starts at byte 0.
+    """
+    global _stack_out
+    fd, path = tempfile.mkstemp(prefix="distlab-stack-", suffix=".txt")
+    os.close(fd)
+    _stack_out = open(path, "a")  # noqa: SIM115 - open for the life of the worker
+    faulthandler.register(signal.SIGUSR1, file=_stack_out, all_threads=True)
+    return path
 
 
 def _worker_main(conn: Connection, parent_pid: int) -> None:
@@ -211,14 +279,17 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
     import torch.distributed as dist  # the expensive import, paid once per worker
 
     lock = threading.Lock()
-    conn.send(Ready())
+    conn.send(Ready(_stack_file()))
     while True:
         try:
             job = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         if job is None:
             return
+        if isinstance(job, Ping):
+            conn.send(Ready())
+            continue
         saved = sys.stdout, sys.stderr
         sys.stdout = _RankOutput(conn, lock, "stdout")
         sys.stderr = _RankOutput(conn, lock, "stderr")
@@ -306,7 +377,9 @@ def _run_job(dist, job: Job):
     torch.set_num_threads(job.threads)
     sys.path[:] = job.sys_path  # so functions pickled by reference (from a module) resolve
     fn, args = cloudpickle.loads(job.payload)
-    timeout = timedelta(seconds=job.timeout)
+    # Above the launcher's own timeout, so the launcher (which can say where every rank
+    # is stuck) always ends a stuck job first, never gloo with a message blamed on a peer.
+    timeout = timedelta(seconds=process_group_timeout(job.timeout))
     store = dist.TCPStore(job.host, job.port, world_size, is_master=False, timeout=timeout)
     store = dist.PrefixStore(job.prefix, store)
     kwargs = {}
@@ -326,20 +399,49 @@ def _run_job(dist, job: Job):
     return result
 
 
+def process_group_timeout(launch_timeout: float) -> float:
+    """The workers' gloo/store timeout for a launch timeout: 1.5 times it, plus 30 s."""
+    return 1.5 * launch_timeout + 30.0
+
+
 # ------------------------------------------------------------------ parent ---
 @dataclass
 class _Worker:
     process: subprocess.Popen
     conn: Connection
+    stack_file: str = ""
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
+        """Kill the worker's whole process group (it and whatever it started), then reap it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # its group id is its pid
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
             pass
         self.conn.close()
+        if self.stack_file:
+            with contextlib.suppress(OSError):
+                os.unlink(self.stack_file)
+
+    def stack(self, wait_s: float = 1.0) -> str:
+        """The worker's Python stacks, dumped by faulthandler on SIGUSR1 ("" if unavailable)."""
+        if not self.stack_file or self.process.poll() is not None:
+            return ""
+        with contextlib.suppress(OSError):
+            os.truncate(self.stack_file, 0)
+            os.kill(self.process.pid, signal.SIGUSR1)
+            end = time.monotonic() + wait_s
+            text = ""
+            while time.monotonic() < end:
+                time.sleep(0.05)
+                with open(self.stack_file) as f:
+                    now = f.read()
+                if now and now == text:  # stopped growing: the dump is complete
+                    return now
+                text = now
+            return text
+        return ""
 
 
 _idle: list[_Worker] = []
@@ -381,33 +483,25 @@ def _ctrl_c_deferred():
 
 
 def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
-    """``n`` ready workers: idle ones from the pool first, then fresh ones. On any
-    error, Ctrl+C included, every worker taken or started here is killed."""
+    """``n`` ready workers: idle ones from the pool that answer a ping, then fresh ones.
+    On any error, Ctrl+C included, every worker taken or started here is killed."""
     workers: list[_Worker] = []
     try:
         with _pool_lock, _ctrl_c_deferred():
-            if warm:
-                while _idle and len(workers) < n:
-                    worker = _idle.pop()
-                    if worker.process.poll() is None:
-                        workers.append(worker)
-                    else:
-                        worker.kill()
-            fresh = []
+            while warm and _idle and len(workers) < n:
+                workers.append(_idle.pop())
+        answered = [_answers_ping(w, deadline) for w in workers]
+        for worker, ok in zip(workers, answered):
+            if not ok:
+                worker.kill()  # died while idle (killed, out of memory, a laptop's sleep)
+        workers = [w for w, ok in zip(workers, answered) if ok]
+        fresh = []
+        with _ctrl_c_deferred():
             for _ in range(n - len(workers)):
                 fresh.append(_start_worker())
                 workers.append(fresh[-1])
         for worker in fresh:  # wait until each new worker has imported torch
-            remaining = deadline - time.monotonic()
-            if not worker.conn.poll(max(remaining, 0)):
-                raise LaunchTimeoutError("worker processes did not start before the timeout")
-            try:
-                worker.conn.recv()
-            except EOFError:
-                raise RuntimeError(
-                    "a worker process died while starting "
-                    f"(is distlab importable by {sys.executable}?)"
-                ) from None
+            _wait_ready(worker, deadline)
     except BaseException:
         for worker in workers:
             worker.kill()
@@ -415,10 +509,38 @@ def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
     return workers
 
 
+def _answers_ping(worker: _Worker, deadline: float) -> bool:
+    """True if an idle worker is alive: it answers a :class:`Ping` before the deadline."""
+    if worker.process.poll() is not None:
+        return False
+    try:
+        worker.conn.send(Ping())
+        if not worker.conn.poll(max(min(deadline - time.monotonic(), 10.0), 0)):
+            return False
+        return isinstance(worker.conn.recv(), Ready)
+    except (EOFError, OSError):
+        return False
+
+
+def _wait_ready(worker: _Worker, deadline: float) -> None:
+    if not worker.conn.poll(max(deadline - time.monotonic(), 0)):
+        raise LaunchTimeoutError("worker processes did not start before the timeout")
+    try:
+        worker.stack_file = worker.conn.recv().stack_file
+    except (EOFError, OSError):
+        raise RuntimeError(
+            f"a worker process died while starting (is distlab importable by {sys.executable}?)"
+        ) from None
+
+
 def _return_workers(workers: list[_Worker]) -> None:
+    """Keep finished workers warm, unless the pool is full, the worker died, or its job
+    left processes running (then the worker is retired with them: nothing outlives a job)."""
     with _pool_lock:
         for worker in workers:
-            if len(_idle) < _MAX_IDLE_WORKERS and worker.process.poll() is None:
+            alive = worker.process.poll() is None
+            started = [p for p in _group_members(worker.process.pid) if p != worker.process.pid]
+            if len(_idle) < _MAX_IDLE_WORKERS and alive and not started:
                 _idle.append(worker)
             else:
                 worker.kill()
@@ -543,11 +665,7 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise LaunchTimeoutError(
-                f"job timed out after {timeout:g} s; ranks {sorted(pending)} had not finished. "
-                "A common cause is a deadlock: a rank waiting for a message that is never "
-                "sent (mismatched send/recv, or a collective that not every rank calls)."
-            )
+            raise _timeout_error(workers, pending, timeout)
         for conn in wait([workers[r].conn for r in pending], timeout=remaining):
             rank = rank_of[conn]
             message = _receive(workers[rank])
@@ -563,10 +681,45 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
     return results
 
 
+def _timeout_error(workers: list[_Worker], pending: set[int], timeout: float):
+    """A LaunchTimeoutError that says where each unfinished rank was stuck."""
+    stacks = {rank: workers[rank].stack() for rank in sorted(pending)}
+    stuck = {rank: where_stuck(stack) for rank, stack in stacks.items()}
+    finished = sorted(set(range(len(workers))) - pending)
+    lines = [
+        f"job timed out after {timeout:g} s; ranks {sorted(pending)} had not finished"
+        + (f" (ranks {finished} had)." if finished else "."),
+        *[f"  rank {rank} was in {where}" for rank, where in stuck.items()],
+        (
+            "A common cause is a deadlock: a rank waiting for a message that is never sent "
+            "(mismatched send/recv, or a collective that not every rank calls)."
+        ),
+    ]
+    return LaunchTimeoutError("\n".join(lines), stuck, stacks)
+
+
+def where_stuck(stack: str, depth: int = 5) -> str:
+    """``"recv (file:line) <- execute <- ring_all_reduce <- fn"`` from a faulthandler dump of
+    a worker: the thread running the job (the one that came from ``_worker_main``),
+    innermost first, without the launcher's own frames."""
+    for block in stack.split("\n\n"):
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
+        names = [name for _, _, name in frames]
+        if "_worker_main" not in names:
+            continue
+        frames = frames[: names.index("_run_job")] if "_run_job" in names else frames
+        if not frames:
+            return "the launcher (starting the process group)"
+        path, line, name = frames[0]
+        chain = [f"{name} ({os.path.basename(path)}:{line})"] + [f[2] for f in frames[1:depth]]
+        return " <- ".join(chain) + (" <- ..." if len(frames) > depth else "")
+    return "an unknown place (its stack could not be read)"
+
+
 def _receive(worker: _Worker):
     try:
         return worker.conn.recv()
-    except EOFError:  # the process is gone without a word
+    except (EOFError, OSError):  # the process is gone without a word (closed or reset)
         return _Died(worker.process.wait())
 
 
