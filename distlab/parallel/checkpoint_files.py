@@ -40,7 +40,6 @@ from pathlib import Path
 
 COMMIT = "COMMIT.json"
 FORMAT = "distlab-sharded-checkpoint/1"
-_CHUNK = 1 << 20
 
 
 class CheckpointError(ValueError):
@@ -51,12 +50,9 @@ class CheckpointError(ValueError):
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes, read in 1 MiB pieces."""
-    digest = hashlib.sha256()
+    """SHA-256 of a file's bytes (``benchmarks/checkpoint_checksum.py`` measures the rate)."""
     with open(path, "rb") as f:
-        while piece := f.read(_CHUNK):
-            digest.update(piece)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def describe_files(folder: Path, names: Iterable[str]) -> dict[str, dict]:
