@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from distlab.calc.memory import activation_bytes_per_layer
 from distlab.parallel.tensor.ops import CommEvent
@@ -38,7 +39,8 @@ def test_activation_plot_has_integer_ticks_and_the_selective_series():
     measured = {(1, False): table2(1, False), (2, False): table2(2, False)}
     measured[(2, True)] = table2(2, True)
     selective = {2: table2(2, True, "selective")}
-    ax = tensor_plots.plot_activation_bytes(measured, selective=selective, **SHAPE).axes[0]
+    fig = tensor_plots.plot_activation_bytes(measured, selective=selective, **SHAPE)
+    ax = fig.axes[0]
 
     ticks = list(ax.get_xticks())
     assert ticks == [1, 2], ticks  # the t that divide 8 heads and 16 tokens, up to 2
@@ -51,6 +53,9 @@ def test_activation_plot_has_integer_ticks_and_the_selective_series():
     points = {c.get_label(): c for c in ax.collections}
     dots = points["TP + SP + selective recompute: measured"].get_offsets()
     assert [tuple(p) for p in dots] == [(2, pytest.approx(selective[2] / 2**10))]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # the legend sits beside the axes, on none of the lines
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
 
 
 def test_activation_plot_without_selective_draws_two_series_with_integer_ticks():

@@ -122,7 +122,7 @@ def plot_activation_bytes(
     parallelism and selective recomputation. The lines are Korthikanti et al. 2022,
     Table 2, for every t that divides ``heads`` (and ``seq_len`` with SP), one line per
     series drawn."""
-    fig = Figure(figsize=(6, 3.6), layout="constrained")
+    fig = Figure(figsize=(8.5, 3.6), layout="constrained")
     ax = fig.add_subplot()
     t_max = max([t for t, _ in measured] + list(selective or ()) or [1])
     series = [
@@ -156,5 +156,5 @@ def plot_activation_bytes(
     ax.set_xlabel("tensor-parallel size t")
     ax.set_ylabel("activation KiB per rank per layer")
     ax.set_title(f"s={seq_len}, b={micro_batch}, h={hidden}, a={heads}")
-    ax.legend(fontsize=8, loc="lower left")  # the lines fall to the right: that corner is free
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # beside, not on, the lines
     return fig
