@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -105,9 +106,7 @@ def test_plan_custom_shape_and_cluster_file(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["memory", "--params", "0"], "n_params"),
         (["memory", "--params", "1e9", "--recipe", "adamw"], "recipe 'adamw'"),
-        (["bubble", "--stages", "0", "--micro-batches", "4"], "stages"),
         (["plan", "--model", "70B", "--cluster", "nope", "--global-batch", "8"], "nope"),
         (["plan", "--layers", "12", "--cluster", "dgx-h100", "--global-batch", "8"], "--hidden"),
     ],
@@ -116,6 +115,25 @@ def test_bad_input_is_one_clear_error(argv, match):
     args = standalone_parser().parse_args(argv)
     with pytest.raises(ValueError, match=match):
         args.func(args)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (
+            ["memory", "--params", "0"],
+            "argument --params: value must be a finite number > 0, got 0",
+        ),
+        (["bubble", "--stages", "0", "--micro-batches", "4"], "argument --stages: .* got 0"),
+        (["plan", "--model", "7x", "--cluster", "dgx-h100", "--global-batch", "8"], "'7x'"),
+    ],
+)
+def test_bad_number_is_refused_while_parsing(argv, match, capsys):
+    """Numbers are checked as argparse reads them, so the error names the option."""
+    with pytest.raises(SystemExit) as caught:
+        standalone_parser().parse_args(argv)
+    assert caught.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
 
 
 def test_registered_in_the_distlab_command(capsys):

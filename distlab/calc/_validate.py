@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 def positive_int(name: str, value: object) -> int:
@@ -65,3 +66,41 @@ def divisors(n: int) -> list[int]:
                 large.append(n // d)
         d += 1
     return small + large[::-1]
+
+
+def cli(
+    check: Callable[[str, object], object], *, integer: bool = False
+) -> Callable[[str], object]:
+    """An argparse ``type=`` that reads a number and refuses it with ``check``'s own message.
+
+    ``p.add_argument("--stages", type=cli(positive_int, integer=True))`` makes argparse print
+    ``argument --stages: value must be an integer >= 1, got -1`` (exit status 2), so a bad
+    value is refused with the option's name before any code uses it. Text that is not a
+    number (or, with ``integer``, not an integer: ``1e30``, ``2.5``) is handed to ``check``
+    as it is, which refuses it by type with the same words.
+    """
+
+    def convert(text: str) -> object:
+        try:
+            value: object = int(text) if integer else float(text)
+        except ValueError:
+            value = text
+        try:
+            return check("value", value)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = check.__name__
+    return convert
+
+
+def below_one(name: str, value: object) -> float:
+    """``value`` in [0, 1): :func:`fraction` without 1."""
+    return fraction(name, value, allow_one=False)
+
+
+def above_zero_fraction(name: str, value: object) -> float:
+    """``value`` in (0, 1]: a share that must not be zero (an efficiency)."""
+    if fraction(name, value) == 0:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return float(value)

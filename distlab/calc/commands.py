@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from . import memory, pipeline
+from ._validate import above_zero_fraction, below_one, cli, fraction, positive, positive_int
 from .transformer import MODEL_PRESETS, ModelSpec, gpt_shape_for, model_preset
 from .units import GB, GiB, format_seconds
 
@@ -64,6 +65,19 @@ def table_console(table: Table) -> Console:
     return Console(force_terminal=False, width=width)
 
 
+#: argparse type of every count option (ranks, stages, layers, batch): an integer >= 1
+COUNT = cli(positive_int, integer=True)
+
+
+def _preset(text: str) -> str:
+    """argparse type of ``--model``: a preset name, refused as the user typed it."""
+    if text.upper() not in MODEL_PRESETS:
+        raise argparse.ArgumentTypeError(
+            f"unknown model preset {text!r}; allowed: {', '.join(MODEL_PRESETS)}"
+        )
+    return text
+
+
 # -- distlab memory -------------------------------------------------------------
 
 
@@ -72,12 +86,14 @@ def _register_memory(subparsers) -> None:
         "memory", help="model-state bytes per GPU for ZeRO stages 0-3 (ZeRO paper, Table 1)"
     )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--params", type=float, help="number of parameters, e.g. 7.5e9")
-    what.add_argument("--model", help=f"a model preset: {', '.join(MODEL_PRESETS)}")
+    what.add_argument("--params", type=cli(positive), help="number of parameters, e.g. 7.5e9")
+    what.add_argument("--model", type=_preset, help=f"a model preset: {', '.join(MODEL_PRESETS)}")
     p.add_argument("--recipe", default="mixed_adam", help=f"one of {', '.join(memory.RECIPES)}")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks ZeRO shards over")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (split weights first)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (split weights first)")
+    p.add_argument("--dp", type=COUNT, default=1, help="data-parallel ranks ZeRO shards over")
+    p.add_argument(
+        "--tp", type=COUNT, default=1, help="tensor-parallel ranks (split weights first)"
+    )
+    p.add_argument("--pp", type=COUNT, default=1, help="pipeline stages (split weights first)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_memory_main)
 
@@ -144,9 +160,9 @@ def _register_bubble(subparsers) -> None:
     p = subparsers.add_parser(
         "bubble", help="pipeline bubble of GPipe, 1F1B and interleaved (Narayanan et al. 2021)"
     )
-    p.add_argument("--stages", type=int, required=True, help="pipeline stages p")
-    p.add_argument("--micro-batches", type=int, required=True, help="micro-batches m per step")
-    p.add_argument("--virtual-stages", type=int, default=2, help="chunks per rank (interleaved)")
+    p.add_argument("--stages", type=COUNT, required=True, help="pipeline stages p")
+    p.add_argument("--micro-batches", type=COUNT, required=True, help="micro-batches m per step")
+    p.add_argument("--virtual-stages", type=COUNT, default=2, help="chunks per rank (interleaved)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_bubble_main)
 
@@ -226,33 +242,38 @@ def _register_plan(subparsers) -> None:
         "plan", help="rank 3D-parallel layouts (TP, PP, DP, ZeRO, micro-batches, recompute)"
     )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help=f"a model preset: {', '.join(MODEL_PRESETS)}")
-    what.add_argument("--params", type=float, help="parameters only: a GPT shape is chosen")
-    what.add_argument("--layers", type=int, help="custom shape: also --hidden, --heads")
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: model's)")
+    what.add_argument("--model", type=_preset, help=f"a model preset: {', '.join(MODEL_PRESETS)}")
+    what.add_argument("--params", type=cli(positive), help="parameters only: a GPT shape is chosen")
+    what.add_argument("--layers", type=COUNT, help="custom shape: also --hidden, --heads")
+    p.add_argument("--hidden", type=COUNT, help="hidden size of a custom shape (with --layers)")
+    p.add_argument("--heads", type=COUNT, help="attention heads of a custom shape (with --layers)")
+    p.add_argument(
+        "--vocab", type=COUNT, default=None, help="vocabulary (default 50257; not with --model)"
+    )
+    p.add_argument("--seq-len", type=COUNT, default=None, help="sequence length (default: model's)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)}")
     where.add_argument("--cluster-file", help="a cluster spec in JSON or YAML")
-    p.add_argument("--nodes", type=int, default=None, help="number of nodes (default: preset's)")
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    p.add_argument("--top", type=int, default=10, help="layouts to show")
+    p.add_argument("--nodes", type=COUNT, default=None, help="number of nodes (default: preset's)")
+    p.add_argument("--global-batch", type=COUNT, required=True, help="sequences per step")
+    p.add_argument("--top", type=COUNT, default=10, help="layouts to show")
     p.add_argument(
         "--compute-efficiency",
-        type=float,
+        type=cli(above_zero_fraction),
         default=0.5,
         help="fraction of peak FLOP/s the matmuls reach (default 0.5)",
     )
     p.add_argument(
         "--dp-overlap",
-        type=float,
+        type=cli(fraction),
         default=0.0,
         help="fraction of DP/ZeRO communication hidden behind compute (default 0)",
     )
     p.add_argument(
-        "--headroom", type=float, default=0.1, help="fraction of GPU memory kept free (default 0.1)"
+        "--headroom",
+        type=cli(below_one),
+        default=0.1,
+        help="fraction of GPU memory kept free (default 0.1)",
     )
     p.add_argument("--recipe", default="mixed_adam", help=f"one of {', '.join(memory.RECIPES)}")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -260,19 +281,32 @@ def _register_plan(subparsers) -> None:
 
 
 def _model_from_args(args) -> ModelSpec:
+    shape = {"--hidden": args.hidden, "--heads": args.heads}
+    if args.layers is None:  # a value that would be ignored is refused instead
+        given = {**shape, "--vocab": args.vocab} if args.model is not None else shape
+        for option, value in given.items():
+            if value is not None:
+                chosen = "--model" if args.model is not None else "--params"
+                raise ValueError(
+                    f"{option} {value} is not used with {chosen}; give it with --layers"
+                )
+    vocab = 50257 if args.vocab is None else args.vocab
     if args.model is not None:
         spec = model_preset(args.model)
     elif args.params is not None:
-        spec = gpt_shape_for(args.params, seq_len=args.seq_len or 2048, vocab=args.vocab)
+        spec = gpt_shape_for(args.params, seq_len=args.seq_len or 2048, vocab=vocab)
     else:
-        if args.hidden is None or args.heads is None:
-            raise ValueError("a custom model needs --layers, --hidden and --heads")
+        missing = [option for option, value in shape.items() if value is None]
+        if missing:
+            raise ValueError(
+                f"a custom model needs --layers, --hidden and --heads: {missing} missing"
+            )
         spec = ModelSpec(
             "custom",
             args.layers,
             args.hidden,
             args.heads,
-            vocab=args.vocab,
+            vocab=vocab,
             seq_len=args.seq_len or 2048,
         )
     if args.seq_len is not None and args.seq_len != spec.seq_len:
@@ -311,7 +345,12 @@ def _plan_main(args) -> int:
     if args.json:
         print(json.dumps(result.to_dict(top=args.top), indent=1))
         return 0
-    _ = result.best  # raises a clear ValueError when nothing fits
+    try:
+        _ = result.best  # raises a clear ValueError when nothing fits
+    except ValueError as exc:
+        if args.params is None:
+            raise
+        raise ValueError(f"{exc} (--params {args.params:g})") from None  # the name rounds it
     rows = [
         [
             str(i + 1),
