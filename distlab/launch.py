@@ -187,9 +187,11 @@ class Failure(NamedTuple):
 
 
 class _Died(NamedTuple):
-    """Not sent: what the parent records for a worker whose process ended without a word."""
+    """Not sent: what the parent records for a worker whose process ended without a word.
+    ``last_words``: what it wrote to its native stderr (gloo's abort message, say)."""
 
     exit_code: int | None
+    last_words: str = ""
 
 
 # ------------------------------------------------------------------ worker ---
@@ -356,8 +358,12 @@ def _caused_by_peer(exc: BaseException) -> bool:
     return False
 
 
+_NATIVE_PLACE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # gloo's "[/path/pair.cc:537] "
+
+
 def _summary(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    first = _NATIVE_PLACE.sub("", first)  # the reason, not the build path of the C++ file
     return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
 
 
@@ -410,6 +416,22 @@ class _Worker:
     process: subprocess.Popen
     conn: Connection
     stack_file: str = ""
+    native_stderr: str = ""  # the file its file descriptor 2 writes to (C++ included)
+    stderr_read: int = 0  # bytes of it already relayed
+
+    def native_output(self) -> str:
+        """What the worker wrote to file descriptor 2 since the last call: lines from native
+        code (gloo, c10) that bypass Python's ``sys.stderr``."""
+        if not self.native_stderr:
+            return ""
+        try:
+            with open(self.native_stderr, "rb") as f:
+                f.seek(self.stderr_read)
+                data = f.read()
+        except OSError:
+            return ""
+        self.stderr_read += len(data)
+        return data.decode("utf-8", errors="replace")
 
     def kill(self) -> None:
         """Kill the worker's whole process group (it and whatever it started), then reap it."""
@@ -420,9 +442,10 @@ class _Worker:
         except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
             pass
         self.conn.close()
-        if self.stack_file:
-            with contextlib.suppress(OSError):
-                os.unlink(self.stack_file)
+        for path in (self.stack_file, self.native_stderr):
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def stack(self, wait_s: float = 1.0) -> str:
         """The worker's Python stacks, dumped by faulthandler on SIGUSR1 ("" if unavailable)."""
@@ -453,14 +476,21 @@ def _start_worker() -> _Worker:
     which would re-import the caller's ``__main__`` script)."""
     parent_sock, child_sock = socket.socketpair()
     code = "import sys; from distlab.launch import _worker_entry; _worker_entry(int(sys.argv[1]), int(sys.argv[2]))"
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, str(child_sock.fileno()), str(os.getpid())],
-        pass_fds=(child_sock.fileno(),),
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,  # Ctrl+C in a terminal or notebook goes to the parent only
-    )
-    child_sock.close()
-    return _Worker(process, Connection(parent_sock.detach()))
+    fd, native_stderr = tempfile.mkstemp(prefix="distlab-stderr-", suffix=".txt")
+    os.close(fd)
+    stderr = os.open(native_stderr, os.O_WRONLY | os.O_APPEND)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, str(child_sock.fileno()), str(os.getpid())],
+            pass_fds=(child_sock.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stderr=stderr,  # relayed by the parent, and kept as the last words of a crash
+            start_new_session=True,  # Ctrl+C in a terminal or notebook goes to the parent only
+        )
+    finally:
+        os.close(stderr)
+        child_sock.close()
+    return _Worker(process, Connection(parent_sock.detach()), native_stderr=native_stderr)
 
 
 def _worker_entry(fd: int, parent_pid: int) -> None:
@@ -643,11 +673,13 @@ def run(
             worker.conn.send(job._replace(rank=rank))
         results = _collect(workers, deadline, timeout, show_output)
     except BaseException:
+        _relay_native_output(workers, show_output)
         for worker in workers:
             worker.kill()
         raise
     finally:
         del store
+    _relay_native_output(workers, show_output)
     if warm:
         _return_workers(workers)
     else:
@@ -679,6 +711,14 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
                 finished = set(range(len(workers))) - pending
                 raise _rank_error(workers, {rank: message}, finished)
     return results
+
+
+def _relay_native_output(workers: list[_Worker], show_output: bool) -> None:
+    """Print what each rank's native code wrote to stderr, labelled by rank."""
+    for rank, worker in enumerate(workers):
+        text = worker.native_output()
+        if text and show_output:
+            _print_rank_output(rank, "stderr", text if text.endswith("\n") else text + "\n")
 
 
 def _timeout_error(workers: list[_Worker], pending: set[int], timeout: float):
@@ -720,7 +760,8 @@ def _receive(worker: _Worker):
     try:
         return worker.conn.recv()
     except (EOFError, OSError):  # the process is gone without a word (closed or reset)
-        return _Died(worker.process.wait())
+        code = worker.process.wait()
+        return _Died(code, worker.native_output())
 
 
 def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> RankError:
@@ -751,10 +792,16 @@ def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> R
         tb = (
             f"process exited with code {failures[first].exit_code} before returning a result "
             "(killed, out of memory, or a crash in native code)"
-        )
+        ) + _last_words(failures[first].last_words)
         exc_type = "ProcessDied"
     also = sorted(r for r in failures if r != first)
     return RankError(first, tb, exc_type, also_failed=also, outcomes=outcomes)
+
+
+def _last_words(text: str, lines: int = 12) -> str:
+    """The end of a dead rank's native stderr, for its error message ("" if it said nothing)."""
+    tail = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "; its last words on stderr:\n" + "\n".join(tail) if tail else ""
 
 
 def _outcome(rank: int, failure, finished: bool) -> RankOutcome:

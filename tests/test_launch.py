@@ -532,3 +532,36 @@ def test_where_stuck_reads_the_job_thread_of_a_faulthandler_dump():
 def test_gloo_times_out_after_the_launcher():
     for timeout in (1.0, 120.0, 3600.0):
         assert launch.process_group_timeout(timeout) > timeout + 20
+
+
+def _ring_against_a_plain_recv(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from distlab.collectives import ring_all_reduce
+
+    if rank == 0:
+        ring_all_reduce(torch.ones(8))
+    else:
+        dist.recv(torch.zeros(1), src=0)  # a message of another size: gloo aborts this process
+
+
+def test_a_rank_that_gloo_aborts_is_reported_with_gloo_s_own_line():
+    """Issue 24: 'ProcessDied ... crash in native code' used to drop gloo's reason."""
+    with pytest.raises(distlab.RankError) as info:
+        distlab.run(_ring_against_a_plain_recv, 2, timeout=60, show_output=False)
+    assert info.value.rank == 1
+    assert "Received data size doesn't match" in str(info.value), str(info.value)
+    for outcome in info.value.outcomes:  # the reason, not gloo's build path
+        assert not outcome.error.startswith("RuntimeError: [/"), outcome.error
+
+
+def _writes_to_fd_2(rank, world_size):
+    os.write(2, f"native line from {rank}\n".encode())
+    return rank
+
+
+def test_native_stderr_is_relayed_labelled_by_rank(capfd):
+    distlab.run(_writes_to_fd_2, 2)
+    err = capfd.readouterr().err
+    assert "[rank 0] native line from 0" in err and "[rank 1] native line from 1" in err
