@@ -53,19 +53,21 @@ def draw_timeline(
     hatched by chunk; a legend of kinds (and chunks) to the right unless ``legend=False``."""
     t0 = min((e.start for e in timeline.entries), default=0.0)
     several = timeline.schedule.chunks > 1
-    for e in timeline.entries:
-        kind, chunk = e.action.kind, e.action.chunk
-        ax.barh(
-            e.rank,
-            e.end - e.start,
-            left=e.start - t0,
-            color=KINDS[kind][0],
-            edgecolor="white",
-            hatch=_hatch(chunk),
-            hatchcolor="0.15" if kind == "F" else "0.9",
-            height=0.8,
-        )
-        ax.text(
+    entries = timeline.entries
+    kinds = [e.action.kind for e in entries]
+    bars = ax.barh(
+        [e.rank for e in entries],
+        [e.end - e.start for e in entries],
+        left=[e.start - t0 for e in entries],
+        color=[KINDS[k][0] for k in kinds],
+        edgecolor="white",
+        hatch=[_hatch(e.action.chunk) for e in entries],
+        height=0.8,
+    )
+    for bar, kind in zip(bars, kinds, strict=True):
+        bar.set_hatchcolor("0.15" if kind == "F" else "0.9")
+    for e, kind in zip(entries, kinds, strict=True):
+        label = ax.text(
             (e.start + e.end) / 2 - t0,
             e.rank,
             str(e.action) if several else str(e.action.micro_batch),
@@ -78,6 +80,7 @@ def draw_timeline(
             if several
             else None,
         )
+        label.set_in_layout(False)  # inside its box: the layout need not measure it
     p = len(timeline.busy)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.5, -0.5)
