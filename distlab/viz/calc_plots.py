@@ -1,4 +1,5 @@
-"""Figures for the calculators: memory per ZeRO stage, pipeline bubbles, schedule Gantt charts.
+"""Figures for the calculators: memory per ZeRO stage, pipeline bubbles, schedule Gantt charts,
+Amdahl's and Gustafson's speed-ups, and the chance of a straggler.
 
 Each function returns a :class:`matplotlib.figure.Figure` (no pyplot state),
 which a notebook displays when it is the cell's value. Every number drawn
@@ -11,8 +12,9 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
-from distlab.calc import memory, pipeline
+from distlab.calc import memory, pipeline, scaling
 from distlab.calc.units import BYTE_UNITS
 from distlab.viz.pipeline_plots import draw_timeline
 
@@ -129,4 +131,89 @@ def plot_pipeline_schedule(
         unit="forward of one micro-batch through one stage = 1",
     )
     fig.set_layout_engine("constrained")
+    return fig
+
+
+_PLAIN = FuncFormatter(lambda value, _: f"{value:,.0f}")  # 1,024 rather than 2^10
+
+
+def _gpu_counts(max_gpus: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_gpus`` (included): the x axis of the scaling plots."""
+    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 2:
+        raise ValueError(f"max_gpus must be an integer >= 2, got {max_gpus!r}")
+    counts = [1 << k for k in range(max_gpus.bit_length()) if 1 << k <= max_gpus]
+    return counts if counts[-1] == max_gpus else [*counts, max_gpus]
+
+
+def plot_amdahl_gustafson(
+    serial_fractions: Sequence[float] = (0.02, 0.05), *, max_gpus: int = 1024
+) -> Figure:
+    """Speed-up (left) and parallel efficiency (right) against the GPU count n, for each
+    serial fraction s: Amdahl's strong scaling (solid, :func:`distlab.calc.scaling.amdahl_speedup`)
+    flattening under its ceiling 1/s (dotted), Gustafson's weak scaling (dashed,
+    :func:`~distlab.calc.scaling.gustafson_speedup`) and the ideal n (grey)."""
+    counts = _gpu_counts(max_gpus)
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    speed, eff = fig.subplots(1, 2)
+    speed.plot(counts, counts, color="0.7", label="ideal: n")
+    eff.axhline(1.0, color="0.7", label="ideal")
+    for i, s in enumerate(serial_fractions):
+        color = f"C{i}"
+        amdahl = [scaling.amdahl_speedup(s, n) for n in counts]
+        gustafson = [scaling.gustafson_speedup(s, n) for n in counts]
+        speed.plot(counts, amdahl, color=color, label=f"Amdahl, s = {s:.0%}")
+        speed.plot(counts, gustafson, color=color, ls="--", label=f"Gustafson, s = {s:.0%}")
+        speed.axhline(1 / s, color=color, ls=":", label=f"Amdahl's ceiling 1/s = {1 / s:.0f}")
+        eff.plot(
+            counts,
+            [scaling.parallel_efficiency(a, n) for a, n in zip(amdahl, counts)],
+            color=color,
+            label=f"Amdahl, s = {s:.0%}",
+        )
+        eff.plot(
+            counts,
+            [scaling.parallel_efficiency(g, n) for g, n in zip(gustafson, counts)],
+            color=color,
+            ls="--",
+            label=f"Gustafson, s = {s:.0%}",
+        )
+    for ax in (speed, eff):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(_PLAIN)
+        ax.set_xlabel("GPUs, n")
+    speed.set_yscale("log", base=2)
+    speed.yaxis.set_major_formatter(_PLAIN)
+    speed.set_ylabel("speed-up over one GPU")
+    speed.set_title("Speed-up: strong (Amdahl) and weak (Gustafson) scaling")
+    eff.set_ylabel("parallel efficiency, speed-up / n")
+    eff.set_ylim(0, 1.05)
+    eff.set_title("Efficiency")
+    speed.legend(frameon=False, fontsize="small")
+    eff.legend(frameon=False, fontsize="small", loc="lower left")
+    return fig
+
+
+def plot_straggler_probability(
+    slow_probabilities: Sequence[float] = (1e-4, 1e-3), *, max_gpus: int = 16_384
+) -> Figure:
+    """Share of synchronous steps that wait for at least one slow GPU, against the GPU
+    count, when each GPU is slow in a step with probability p, independently
+    (:func:`distlab.calc.scaling.straggler_probability`: 1 - (1 - p)^n), one line per p."""
+    counts = _gpu_counts(max_gpus)
+    fig = Figure(figsize=(6.5, 4), layout="constrained")
+    ax = fig.add_subplot()
+    for p in slow_probabilities:
+        ax.plot(
+            counts,
+            [scaling.straggler_probability(p, n) for n in counts],
+            marker=".",
+            label=f"each GPU slow in {p:.2%} of its steps",
+        )
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_PLAIN)
+    ax.set_xlabel("GPUs, n")
+    ax.set_ylabel("share of steps with a straggler")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("A step waits for its slowest GPU")
+    ax.legend(frameon=False, loc="upper left")
     return fig
