@@ -116,6 +116,9 @@ def plot_timelines(
     axes = fig.subplots(len(timelines), 1, squeeze=False, sharex=sharex)[:, 0]
     for ax, timeline, title in zip(axes, timelines, titles, strict=True):
         draw_timeline(ax, timeline, title=title, unit=unit)
+    if sharex:  # one time axis: label it once, under the last chart
+        for ax in axes[:-1]:
+            ax.set_xlabel("")
     return fig
 
 
