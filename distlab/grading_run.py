@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -57,6 +58,9 @@ def signals_raise():
             signal.signal(stop, signal.SIG_IGN)
         raise Interrupted(signum)
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can set handlers; there, signals keep their defaults
+        return
     previous = {stop: signal.signal(stop, handler) for stop in STOP_SIGNALS}
     try:
         yield

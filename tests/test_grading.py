@@ -57,6 +57,15 @@ def test_identify_rejects_what_is_not_a_course_notebook(tmp_path):
         grading.identify(tmp_path / "foreign.ipynb")
 
 
+def test_a_timeout_is_a_whole_number_of_seconds(capsys):
+    parser = cli.build_parser()
+    assert parser.parse_args(["grade", "00", "--timeout", "7"]).timeout == 7
+    for bad in ("0", "-3", "1.5", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["grade", "00", "--timeout", bad])
+        assert f"{bad!r} is not a whole number of seconds >= 1" in capsys.readouterr().err
+
+
 def test_cli_errors_are_one_clear_line(capsys, tmp_path):
     assert cli.main(["grade", str(tmp_path / "missing.ipynb")]) == 2
     err = capsys.readouterr().err
@@ -94,10 +103,19 @@ def test_report_lists_points_failures_and_review_commands():
             ),
         ],
         edited_test_cells=["b"],
+        path="/home/me/work/mine.ipynb",
+        modified="2026-11-25 01:02:03",
     )
     report = grading.format_report(grade)
-    assert f"{ASSIGNMENT}/{ASSIGNMENT}.ipynb: 2 / 5 points" in report
-    assert re.search(r"Backward by hand\s+0/3\s+FAILED\n\s+AssertionError: grad_w1", report)
+    assert report.startswith(
+        f"{ASSIGNMENT}: 2 / 5 points\n"
+        "graded /home/me/work/mine.ipynb (modified 2026-11-25 01:02:03)\n"
+    )
+    assert re.search(
+        r"Backward by hand\s+0/3\s+FAILED\n\s+your copy of this test cell was edited: graded "
+        r"with the original test\n\s+AssertionError: grad_w1",
+        report,
+    )
     assert f"flashcards drill --notebook {ASSIGNMENT}#backprop" in report
     assert "#bytes-per-parameter" not in report.split("Review")[1], (
         "passed exercises are not suggested"

@@ -85,6 +85,18 @@ def _alive_with(mark: str) -> list[int]:
     return found
 
 
+def _alive_in(folder: Path) -> list[int]:
+    """Live processes whose working folder is inside ``folder`` (nbgrader, the kernel)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(folder):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # it ended while we looked, or it is not ours
+    return found
+
+
 def _env(tmp_path: Path, **extra) -> dict[str, str]:
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
@@ -102,6 +114,7 @@ def _assert_nothing_left(tmp_path: Path, mark: str) -> None:
     for pid in left:  # do not leave them to the next test either
         os.kill(pid, signal.SIGKILL)
     assert left == [], "processes the notebook started outlived the grader"
+    assert _alive_in(tmp_path / "tmp") == [], "nbgrader or its kernel outlived the grader"
     assert list((tmp_path / "tmp").iterdir()) == [], "temporary folders were left"
     assert not (tmp_path / "rt").exists() or list((tmp_path / "rt").iterdir()) == []
 
