@@ -70,6 +70,45 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+def check_tokens(tokens: object, config: GPTConfig, name: str = "tokens") -> None:
+    """``ValueError``/``TypeError`` naming the value unless ``tokens`` is a ``(batch, seq)``
+    integer tensor with ``seq <= config.seq_len`` and every id in ``[0, config.vocab)``.
+
+    Without it an embedding lookup past its table fails deep inside torch with
+    ``index out of range in self``, naming neither the length nor the id. (The id range
+    is not checked while ``torch.compile`` traces: reading the minimum would break the graph.)"""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of token ids, got {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, seq), got {tuple(tokens.shape)}")
+    if tokens.shape[1] > config.seq_len:
+        raise ValueError(
+            f"{name}: sequence length {tokens.shape[1]} exceeds config.seq_len={config.seq_len}: "
+            "the position embedding has no row for the later tokens"
+        )
+    if tokens.numel() and not torch.compiler.is_compiling():
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= config.vocab:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{name}: token id {bad} is outside the vocabulary [0, {config.vocab})"
+            )
+
+
+def check_batch(tokens: torch.Tensor, targets: torch.Tensor, config: GPTConfig) -> None:
+    """``ValueError`` naming the value unless ``tokens`` and ``targets`` are token ids of
+    ``config`` (:func:`check_tokens`) of the same shape."""
+    check_tokens(tokens, config)
+    check_tokens(targets, config, "targets")
+    if targets.shape != tokens.shape:
+        raise ValueError(
+            f"targets of shape {tuple(targets.shape)} do not match tokens of shape "
+            f"{tuple(tokens.shape)}: one target id per token"
+        )
+
+
 class MLP(nn.Module):
     """``sizes[0] -> sizes[1] -> ... -> sizes[-1]``: Linear layers with ReLU
     between them (none after the last). ``MLP((8, 16, 4), seed=0)``."""
@@ -217,9 +256,8 @@ class GPT(nn.Module):
             self.head.weight = self.tok.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        _, s = tokens.shape
-        if s > self.config.seq_len:
-            raise ValueError(f"sequence length {s} exceeds config.seq_len={self.config.seq_len}")
+        check_tokens(tokens, self.config)
+        s = tokens.shape[1]
         x = self.tok(tokens) + self.pos(torch.arange(s, device=tokens.device))
         for block in self.blocks:
             x = block(x)

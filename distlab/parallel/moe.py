@@ -42,6 +42,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from distlab.calc._validate import positive_int
 from distlab.calc.comm import expert_capacity
 from distlab.collectives import all_to_all
 from distlab.parallel.comm_trace import traced
@@ -76,8 +77,19 @@ class Routing:
 
 
 def route(logits: torch.Tensor, *, top_k: int, capacity: int) -> Routing:
-    """Top-k routing with capacity ``capacity`` per expert (see the module docstring)."""
+    """Top-k routing with capacity ``capacity`` per expert (see the module docstring).
+
+    ``logits``: ``(tokens, experts)``; ``top_k`` in 1..experts; ``capacity`` >= 1 slots
+    per expert (:func:`~distlab.calc.comm.expert_capacity`). Anything else is refused with
+    a ``ValueError`` naming it: a capacity of 0 would drop every token."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a (tokens, experts) tensor, got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape (tokens, experts), got {tuple(logits.shape)}")
     n_tokens, n_experts = logits.shape
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
+        raise ValueError(f"top_k must be an integer in 1..{n_experts} (the experts), got {top_k!r}")
+    capacity = positive_int("capacity", capacity)  # 0 slots would drop every token
     probs = torch.softmax(logits.float(), dim=-1)
     gates, experts = probs.topk(top_k, dim=-1)
     if top_k > 1:

@@ -60,9 +60,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distlab.calc._validate import positive
 from distlab.calc.comm import expert_capacity
 from distlab.collectives import count_traffic
-from distlab.models import GPT, GPTBlock, GPTConfig
+from distlab.models import GPT, GPTBlock, GPTConfig, check_batch
 from distlab.parallel.comm import Collectives
 from distlab.parallel.mesh import build_mesh
 from distlab.parallel.moe import ExpertParallelMoE, MoE, average_moe_gradients
@@ -274,7 +275,10 @@ def train_tp_ep(
     ``cross-entropy + aux_weight * sum of the layers' balancing losses``.
     ``algorithm``: the TP and DP all-reduces (:data:`distlab.parallel.comm.ALGORITHMS`);
     ``"builtin"`` also makes the all-to-alls torch's (then not counted in
-    ``all_to_all_bytes``). Call on every rank inside ``distlab.run``."""
+    ``all_to_all_bytes``). ``lr``: a finite number > 0. Call on every rank inside
+    ``distlab.run``."""
+    lr = positive("lr", lr)  # torch's SGD would train with lr=nan
+    check_batch(tokens, targets, config)
     check_tp_ep(
         dist.get_world_size(), config, moe, tp=tp, ep=ep, dp=dp, batch=tokens.shape[0],
         steps=steps, aux_weight=aux_weight,

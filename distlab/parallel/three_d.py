@@ -54,7 +54,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.models import GPT, GPTConfig
+from distlab.calc._validate import positive, positive_int
+from distlab.models import GPT, GPTConfig, check_batch
 from distlab.parallel.comm import Collectives
 from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
 from distlab.parallel.mesh import build_mesh
@@ -270,7 +271,10 @@ def train_3d(
     ``optimizer``: a key of :data:`OPTIMIZERS`; ``zero_stage``: 0 (all-reduce the
     gradients over dp) or 1 (ZeRO-1 over dp); ``schedule``: a key of
     :data:`distlab.calc.pipeline_schedule.GENERATORS`, with ``chunks`` = v model
-    chunks per rank for ``"interleaved"``."""
+    chunks per rank for ``"interleaved"``. ``steps`` >= 1 and a finite ``lr`` > 0; ``tokens``
+    and ``targets`` (batch, seq <= config.seq_len) ids of ``config``'s vocabulary."""
+    steps, lr = positive_int("steps", steps), positive("lr", lr)
+    check_batch(tokens, targets, config)
     check_degrees(dist.get_world_size(), config, tp=tp, pp=pp, dp=dp, chunks=chunks)
     plan = check_options(
         optimizer=optimizer, zero_stage=zero_stage, schedule=schedule, pp=pp,

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distlab.calc._validate import positive
+
 from .accumulation import accumulate_gradients
 from .buckets import DEFAULT_BUCKET_CAP_MB
 from .comm import world
@@ -69,7 +71,16 @@ def build(
     """Wrap ``model`` for ``method`` (one of :data:`METHODS`) and build its optimizer.
 
     ``mixed_precision`` is FSDP's policy; other methods take a model already cast.
+    ``optimizer_kwargs`` go to ``optimizer_class``; an ``lr`` must be a finite number > 0.
     """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if next(model.parameters(), None) is None:
+        raise ValueError(f"model {type(model).__name__} has no parameters to train")
+    if "lr" in optimizer_kwargs:  # torch's SGD trains with lr=nan (it only refuses lr < 0)
+        positive("lr", optimizer_kwargs["lr"])
     if mixed_precision is not None and method != "fsdp":
         raise ValueError(
             f"mixed_precision is FSDP's policy; for {method!r} cast the model first "
@@ -108,7 +119,7 @@ def build(
             mixed_precision=mixed_precision,
         )
         return Trainer(method, fsdp, make_optimizer(fsdp))
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    raise AssertionError(f"method {method!r} is in METHODS but has no branch")
 
 
 def mse_loss(model: nn.Module, batch) -> torch.Tensor:

@@ -37,6 +37,7 @@ a sleep is neither (it uses no core).
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -111,12 +112,19 @@ def run_pipeline(
     if me not in peers:
         raise ValueError(f"rank {me} is not in the pipeline's stage_ranks {peers}")
     rank = peers.index(me)
-    if schedule.stages != len(peers) or schedule.chunks != stage.num_chunks or stage.rank != rank:
+    if (
+        schedule.stages != len(peers)
+        or schedule.chunks != stage.num_chunks
+        or stage.rank != rank
+        or stage.stages != schedule.stages
+    ):
         raise ValueError(
             f"rank {me}: schedule has {schedule.stages} stages x {schedule.chunks} chunks, "
             f"the pipeline {len(peers)} ranks {peers}, this rank is stage {rank}, "
-            f"the stage says stage {stage.rank} with {stage.num_chunks} chunks"
+            f"the stage says stage {stage.rank} of {stage.stages} with {stage.num_chunks} "
+            "chunks; cut the model for the schedule's number of stages"
         )
+    _agree(schedule, inputs, targets, peers, rank, stage)
     # each micro-batch a copy of its own, so the bytes autograd saves for it are its own
     micro_inputs = [t.clone() for t in inputs.chunk(m)]
     runner = _Runner(schedule, stage, micro_inputs, targets.chunk(m), fixed_cost or {}, peers)
@@ -129,6 +137,46 @@ def run_pipeline(
                 f"{action.micro_batch}, chunk {action.chunk}) failed: {error}"
             ) from error
     return runner.finish()
+
+
+_AGREE_TAG = (1 << 30) + 1  # apart from the schedule's tags and the tied-weight exchange
+
+
+def _agree(schedule, inputs, targets, peers: list[int], rank: int, stage: PipelineStage) -> None:
+    """Every stage tells every other what step it is about to run (stages, chunks, m, batch,
+    a checksum of the schedule's actions) before any action, so ranks that built different
+    schedules (another ``micro_batches`` on one rank) all raise the same ``ValueError``
+    naming each rank's values, instead of failing later in one rank's loss or hanging.
+    p - 1 messages of 6 integers per rank per step; not recorded in the traffic trace."""
+    if len(peers) == 1:
+        return
+    checksum = zlib.crc32(repr(schedule.ranks).encode())
+    mine = [schedule.stages, schedule.chunks, schedule.micro_batches]
+    mine += [inputs.shape[0], targets.shape[0], checksum]
+    params = stage.parameters()
+    device = params[0].device if params else torch.device("cpu")
+    sent = torch.tensor(mine, dtype=torch.int64, device=device)
+    works = [dist.isend(sent, peer, tag=_AGREE_TAG) for i, peer in enumerate(peers) if i != rank]
+    seen = {}
+    for i, peer in enumerate(peers):
+        if i == rank:
+            seen[i] = mine
+            continue
+        theirs = torch.empty_like(sent)
+        dist.recv(theirs, peer, tag=_AGREE_TAG)
+        seen[i] = theirs.tolist()
+    for work in works:
+        work.wait()
+    if any(values != mine for values in seen.values()):
+        each = "; ".join(
+            f"stage {i} (rank {peers[i]}): {v[0]} stages x {v[1]} chunks, micro_batches={v[2]}, "
+            f"batch {v[3]} (targets {v[4]}), schedule checksum {v[5]:08x}"
+            for i, v in seen.items()
+        )
+        raise ValueError(
+            f"the pipeline's ranks are about to run different steps: {each}. Build the same "
+            "schedule (same micro_batches) and give the same batch size on every rank"
+        )
 
 
 _WHAT = {

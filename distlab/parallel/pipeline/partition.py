@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from distlab.models import GPT
+from distlab.models import GPT, check_tokens
 
 
 class GPTEmbedding(nn.Module):
@@ -27,9 +27,10 @@ class GPTEmbedding(nn.Module):
 
     def __init__(self, model: GPT) -> None:
         super().__init__()
-        self.tok, self.pos = model.tok, model.pos
+        self.tok, self.pos, self.config = model.tok, model.pos, model.config
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        check_tokens(tokens, self.config)
         return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
 
 

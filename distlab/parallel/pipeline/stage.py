@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distlab.calc._validate import positive_int
 from distlab.models import GPT
 
 from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs
@@ -83,6 +84,9 @@ def gpt_stage(
     in doubt), or the cut itself, a list of ``range`` s of layer indices
     (:func:`~distlab.parallel.pipeline.partition.gpt_layers` order).
     """
+    stages, chunks = positive_int("stages", stages), positive_int("chunks", chunks)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < stages:
+        raise ValueError(f"rank must be an integer in 0..{stages - 1} (the stages), got {rank!r}")
     layers = gpt_layers(model)
     parts = stages * chunks
     if isinstance(balance, str):

@@ -1,0 +1,179 @@
+"""Bad input at the training entry points is refused with an error that names the value.
+
+Each case here was once accepted quietly (``steps=-1`` returned no losses, ``lr=nan``
+trained, a routing capacity of 0 dropped every token) or failed deep inside torch with
+a message naming neither the value nor what is allowed (``('grad', 0, 0)``, ``index out
+of range in self``, a batch-size mismatch in one rank's loss). Checks that run before
+any communication are called in this process; the pipeline checks need ranks and run
+under ``distlab.run`` on two gloo processes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import distlab
+from distlab.models import GPT, MLP, GPTConfig, gpt_batch
+from distlab.parallel import training
+from distlab.parallel.moe import MoE, route
+from distlab.parallel.moe_gpt import MoEConfig, train_tp_ep
+from distlab.parallel.pipeline.partition import GPTEmbedding
+from distlab.parallel.three_d import train_3d
+
+CONFIG = GPTConfig(layers=2)  # vocab 64, seq_len 16
+TOKENS, TARGETS = gpt_batch(4, CONFIG)
+RUN_3D = {"tp": 1, "pp": 1, "dp": 1, "micro_batches": 1, "steps": 1, "lr": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"steps": -1}, r"steps must be an integer >= 1, got -1"),
+        ({"steps": 0}, r"steps must be an integer >= 1, got 0"),
+        ({"lr": math.nan}, r"lr must be a finite number > 0, got nan"),
+        ({"lr": -0.1}, r"lr must be a finite number > 0, got -0.1"),
+    ],
+)
+def test_train_3d_refuses_steps_and_lr(change, match):
+    with pytest.raises(ValueError, match=match):
+        train_3d(CONFIG, TOKENS, TARGETS, **{**RUN_3D, **change})
+
+
+def test_train_3d_refuses_tokens_longer_than_seq_len():
+    tokens, targets = gpt_batch(4, GPTConfig(layers=2, seq_len=20))
+    with pytest.raises(ValueError, match=r"sequence length 20 exceeds config.seq_len=16"):
+        train_3d(CONFIG, tokens, targets, **RUN_3D)
+
+
+def test_train_3d_refuses_targets_of_another_shape():
+    with pytest.raises(ValueError, match=r"targets of shape \(2, 16\) do not match tokens"):
+        train_3d(CONFIG, TOKENS, TARGETS[:2], **RUN_3D)
+
+
+def test_train_tp_ep_refuses_nan_lr():
+    with pytest.raises(ValueError, match=r"lr must be a finite number > 0, got nan"):
+        train_tp_ep(CONFIG, MoEConfig(), TOKENS, TARGETS, tp=1, ep=1, dp=1, steps=1,
+                    lr=math.nan, aux_weight=0.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("lr", [math.nan, math.inf, 0.0])
+def test_training_build_refuses_lr(lr):
+    """torch's own SGD refuses only lr < 0: with lr=nan it would train to nan weights."""
+    with pytest.raises(ValueError, match=rf"lr must be a finite number > 0, got {lr!r}"):
+        training.build("single", MLP(), optimizer_class=torch.optim.SGD, lr=lr)
+
+
+def test_training_build_refuses_unknown_method_and_non_module():
+    with pytest.raises(ValueError, match=r"method must be one of .* got 'ddp'"):
+        training.build("ddp", MLP(), lr=0.1)
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got list"):
+        training.build("single", [torch.zeros(2)], lr=0.1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"top_k": 1, "capacity": 0}, r"capacity must be an integer >= 1, got 0"),
+        ({"top_k": 1, "capacity": -3}, r"capacity must be an integer >= 1, got -3"),
+        ({"top_k": 5, "capacity": 2}, r"top_k must be an integer in 1..4 \(the experts\), got 5"),
+    ],
+)
+def test_route_refuses_capacity_and_top_k(kwargs, match):
+    logits = torch.randn(8, 4)
+    with pytest.raises(ValueError, match=match):
+        route(logits, **kwargs)
+
+
+def test_route_capacity_one_keeps_tokens():
+    """The boundary that is allowed: one slot per expert keeps one token per expert."""
+    routing = route(torch.randn(8, 4), top_k=1, capacity=1)
+    assert routing.kept.tolist() == [min(1, n) for n in routing.routed.tolist()]
+
+
+def test_moe_refuses_capacity_factor_zero_as_route_refuses_capacity_zero():
+    with pytest.raises(ValueError, match=r"capacity_factor must be a finite number > 0, got 0"):
+        MoE(8, 16, 4, capacity_factor=0)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "error", "match"),
+    [
+        (torch.zeros(2, 17, dtype=torch.long), ValueError, r"sequence length 17 exceeds"),
+        (torch.full((2, 4), 64), ValueError, r"token id 64 is outside the vocabulary \[0, 64\)"),
+        (torch.full((2, 4), -1), ValueError, r"token id -1 is outside the vocabulary"),
+        (torch.zeros(2, 4), TypeError, r"tokens must hold integer token ids, got dtype"),
+        (
+            torch.zeros(8, dtype=torch.long),
+            ValueError,
+            r"must have shape \(batch, seq\), got \(8,\)",
+        ),
+    ],
+)
+@pytest.mark.parametrize("entry", ["GPT", "GPTEmbedding"])
+def test_model_forward_refuses_bad_tokens(entry, tokens, error, match):
+    """The model's forward and the pipeline's first layer, instead of torch's
+    ``index out of range in self``."""
+    model = GPT(CONFIG)
+    layer = model if entry == "GPT" else GPTEmbedding(model)
+    with pytest.raises(error, match=match):
+        layer(tokens)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rank": 2, "stages": 2}, r"rank must be an integer in 0..1 \(the stages\), got 2"),
+        ({"rank": -1, "stages": 2}, r"rank must be an integer in 0..1 \(the stages\), got -1"),
+        ({"rank": 0, "stages": 0}, r"stages must be an integer >= 1, got 0"),
+        ({"rank": 0, "stages": 2, "chunks": 0}, r"chunks must be an integer >= 1, got 0"),
+    ],
+)
+def test_gpt_stage_refuses_rank_outside_the_stages(kwargs, match):
+    """Rank 2 of 2 stages was an IndexError, rank -1 quietly took the last stage's layers."""
+    from distlab.parallel.pipeline import gpt_stage
+
+    with pytest.raises(ValueError, match=match):
+        gpt_stage(GPT(CONFIG), **kwargs)
+
+
+# -- pipeline checks that need the ranks ---------------------------------------------
+
+
+def mismatched_pipeline(rank, world_size, case):
+    """Each rank runs one pipeline step, with one thing wrong on some rank; returns the
+    error message each rank raised (so the test sees every rank's, not only the first)."""
+    from distlab.parallel.pipeline import build, gpt_stage, run_pipeline
+
+    stages = 4 if case == "stage cut for 4" else world_size
+    stage = gpt_stage(GPT(CONFIG, seed=0), rank, stages) if stages == world_size else None
+    if stage is None:  # cut for 4 stages, this rank's part of the first two
+        stage = gpt_stage(GPT(GPTConfig(layers=4), seed=0), rank, 4)
+    m = 2 + 2 * rank if case == "micro-batches differ" else 2
+    tokens, targets = gpt_batch(4, CONFIG)
+    try:
+        run_pipeline(build("1f1b", world_size, m), stage, tokens, targets)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_stage_cut_for_more_stages_than_the_schedule():
+    messages = distlab.run(mismatched_pipeline, 2, args=("stage cut for 4",), timeout=120)
+    for rank, message in enumerate(messages):
+        assert f"stage {rank} of 4" in message and "schedule has 2 stages" in message, message
+
+
+def test_micro_batch_counts_differ_across_ranks():
+    """Every rank raises the same error naming both counts; none hangs, none reaches the loss."""
+    messages = distlab.run(mismatched_pipeline, 2, args=("micro-batches differ",), timeout=120)
+    assert messages[0] == messages[1], messages
+    assert "stage 0 (rank 0): 2 stages x 1 chunks, micro_batches=2" in messages[0]
+    assert "stage 1 (rank 1): 2 stages x 1 chunks, micro_batches=4" in messages[0]
+
+
+def test_agreeing_ranks_run():
+    """The check lets a correct pipeline through (both ranks agree)."""
+    assert distlab.run(mismatched_pipeline, 2, args=("none",), timeout=120) == [None, None]
