@@ -10,9 +10,10 @@ course's tests run notebooks the same way. Two ways out change:
 * **the kernel dies** (``os._exit``, a crash in native code, out of memory): nbgrader
   stopped grading with a ``DeadKernelError``, and no exercise had a result. Here the cell
   gets the error ``DeadKernelError: the kernel died while running this cell``, a fresh
-  kernel replays the cells before it (their first outputs are kept), and the notebook
-  goes on after it, so every other exercise is graded. After ``max_kernel_deaths`` deaths
-  the cells left are marked as not run (an unrun test cell must not count as passed).
+  kernel replays the cells before it (their first outputs are kept; cells that timed out
+  are not run again), and the notebook goes on after it, so every other exercise is
+  graded. After ``max_kernel_deaths`` deaths the cells left are marked as not run (an
+  unrun test cell must not count as passed).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class GuardedExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._dead: list[int] = []  # cells that killed the kernel
+        self._timed_out_cells: set[int] = set()  # not replayed: they would time out again
         self._resume_at = 0  # cells before this one ran already: replay them, keep outputs
         while True:
             try:
@@ -71,10 +73,13 @@ class GuardedExecute(Execute):
         self._running = index
         self._timed_out = None
         if index < self._resume_at:
+            if index in self._timed_out_cells:
+                return cell, resources
             return self._replay(cell, resources, index)
         cell, resources = super().preprocess_cell(cell, resources, index)
         if self._timed_out is not None:
             _report_timeout(cell, self._timed_out)
+            self._timed_out_cells.add(index)
         return cell, resources
 
     def _replay(self, cell, resources, index):

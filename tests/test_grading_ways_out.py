@@ -122,10 +122,11 @@ def _assert_nothing_left(tmp_path: Path, mark: str) -> None:
 @pytest.mark.timeout(900)
 def test_escaped_processes_a_dead_kernel_a_timeout_and_a_deleted_test(tmp_path):
     mark = _mark()
+    runs = tmp_path / "loop-runs.txt"  # "run " each time the endless loop starts
     cells = [
         _test_cell("test-spawn", _spawn(mark)),
+        _test_cell("test-loop", f"open({str(runs)!r}, 'a').write('run ')\nwhile True:\n    pass"),
         _test_cell("test-exit", "import os\nos._exit(1)"),
-        _test_cell("test-loop", "while True:\n    pass"),
         _test_cell("test-after", "assert 1 + 1 == 2"),
         _test_cell("test-deleted", "assert True"),
     ]
@@ -148,6 +149,7 @@ def test_escaped_processes_a_dead_kernel_a_timeout_and_a_deleted_test(tmp_path):
     assert re.search(r"test-spawn\s+1/1\s+passed", report)
     assert re.search(r"test-exit\s+0/1\s+FAILED\n\s+kernel died while running test-exit", report)
     assert re.search(r"test-loop\s+0/1\s+FAILED\n\s+TimeoutError: timed out after 5 s", report)
+    assert runs.read_text() == "run ", "a cell that timed out is not replayed after a death"
     assert re.search(r"test-after\s+1/1\s+passed", report), "graded in a fresh kernel"
     assert re.search(r"test-deleted\s+0/1\s+FAILED\n\s+this test cell is missing", report)
     _assert_nothing_left(tmp_path, mark)
