@@ -219,3 +219,43 @@ def test_card_counts_are_singular_or_plural(monkeypatch):
     monkeypatch.setattr(grading, "flashcard_suggestions", lambda grade: [("a#b", 1), ("a#c", 2)])
     report = grading.format_report(grading.NotebookGrade(ASSIGNMENT, ASSIGNMENT, []))
     assert "a#b   (1 card)" in report and "a#c   (2 cards)" in report
+
+
+def _graded_cell(source: str, outputs: list) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "t", "points": 2, "solution": False}
+    cell.outputs = outputs
+    return cell
+
+
+def test_a_kernel_death_outside_a_test_cell_is_a_note_of_the_report():
+    from distlab.grading_execute import KERNEL_DIED, error_output
+
+    died = [error_output("DeadKernelError", KERNEL_DIED)]
+    cells = [nbformat.v4.new_code_cell("os._exit(1)"), _graded_cell("assert f()", died)]
+    cells[0].outputs = died
+    notes = grading._kernel_deaths(nbformat.v4.new_notebook(cells=cells))
+    expected = (
+        "the kernel died while running cell 1 (not a test cell); "
+        "the cells after it ran in a fresh kernel"
+    )
+    assert notes == [expected]  # the test cell's own death is reported on its exercise
+    report = grading.format_report(
+        grading.NotebookGrade(ASSIGNMENT, ASSIGNMENT, [], problems=notes)
+    )
+    assert "note: the kernel died while running cell 1 (not a test cell)" in report
+
+
+def test_after_too_many_deaths_the_cells_left_score_nothing():
+    """A test cell that never ran has no error output: it must not pass by default."""
+    from nbgrader.utils import determine_grade
+
+    from distlab.grading_execute import GuardedExecute
+
+    executor = GuardedExecute()
+    executor._dead = [0, 0, 0]
+    cells = [nbformat.v4.new_code_cell("os._exit(1)"), _graded_cell("assert True", [])]
+    assert determine_grade(cells[1]) == (2, 2)  # what nbgrader would give it unrun
+    executor._give_up(nbformat.v4.new_notebook(cells=cells), start=1)
+    assert determine_grade(cells[1]) == (0, 2)
+    assert cells[1].outputs[0].evalue == "not run: the kernel died 3 times before this cell"
