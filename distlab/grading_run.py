@@ -69,6 +69,19 @@ def signals_raise():
             signal.signal(stop, action)
 
 
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP back within the block; they arrive after it."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def run_contained(
     command: list[str], cwd: str | os.PathLike, env: dict[str, str]
 ) -> tuple[int, str]:
@@ -94,7 +107,8 @@ def run_contained(
         try:
             code = process.wait()
         finally:
-            end_everything(process, token)
+            with signals_held():  # a Ctrl+C now waits until every process has ended
+                end_everything(process, token)
         log.seek(0)
         return code, log.read()
 

@@ -185,3 +185,17 @@ def test_an_interrupted_grade_ends_everything_it_started(tmp_path, signum, exit_
     assert err.strip().splitlines()[-1].startswith(f"distlab grade: stopped by {said}; "), err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     _assert_nothing_left(tmp_path, mark)
+
+
+def test_a_signal_during_the_clean_up_waits_until_it_is_done():
+    from distlab.grading_run import Interrupted, signals_held, signals_raise
+
+    order = []
+    with pytest.raises(Interrupted) as stop, signals_raise():
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            order.append("cleaned up")  # not cut short by the signal
+        order.append("after the clean-up")  # the signal arrives before this line
+    assert order == ["cleaned up"]
+    assert (str(stop.value), stop.value.exit_code) == ("SIGTERM", 143)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are restored
