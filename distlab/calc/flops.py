@@ -7,12 +7,15 @@ Two ways of counting the FLOPs of a training step, both in use:
   multiply and one add per weight) and the backward twice that, so training
   costs 6N per token; GPT-3 (174.6B parameters, 300B tokens) took
   6 N D = 3.14e23 FLOPs (Brown et al. 2020, Table D.1).
-* the **Megatron-LM formula** (Narayanan et al. 2021, Section 5.1 and
-  Appendix) for a GPT with l layers, hidden size h, sequence length s,
-  vocabulary V and batch B, counting matmuls only:
-  72 B s l h² (1 + s/(6h) + V/(12 l h)) FLOPs per step, and
-  96 B s l h² (1 + s/(6h) + V/(16 l h)) with full activation recomputation
-  (the forward of every layer runs twice; the logit layer is not recomputed).
+* the **Megatron-LM formulas** for a GPT with l layers, hidden size h,
+  sequence length s, vocabulary V and batch B, counting matmuls only:
+  96 B s l h² (1 + s/(6h) + V/(16 l h)) FLOPs per step with full activation
+  recomputation (the forward of every layer runs twice; the logit layer is
+  not recomputed), the form Narayanan et al. 2021 use in Section 5.1 (derived
+  in their appendix) as a lower bound; and the model FLOPs without
+  recomputation, 72 B s l h² (1 + s/(6h) + V/(12 l h)) (Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models",
+  Appendix A).
   The s/(6h) term is attention's QK^T and attention-over-V matmuls, which
   the 6N rule leaves out.
 
@@ -68,11 +71,12 @@ def model_flops_per_token(n_params: float, *, layers: int, hidden: int, seq_len:
 def megatron_flops_per_step(
     *, batch: int, seq_len: int, layers: int, hidden: int, vocab: int, recompute: str = "full"
 ) -> float:
-    """FLOPs of one training step of a GPT (Narayanan et al. 2021, Appendix).
+    """FLOPs of one training step of a GPT, counting its matmuls.
 
-    ``recompute="full"``: 96 B s l h² (1 + s/(6h) + V/(16 l h)), the paper's
-    formula (it recomputes every layer's forward). ``"none"``:
-    72 B s l h² (1 + s/(6h) + V/(12 l h)), the model FLOPs. ``"selective"``
+    ``recompute="full"``: 96 B s l h² (1 + s/(6h) + V/(16 l h)), Narayanan et
+    al. 2021's formula (Section 5.1, derived in their appendix; it recomputes
+    every layer's forward). ``"none"``: 72 B s l h² (1 + s/(6h) + V/(12 l h)),
+    the model FLOPs (Korthikanti et al. 2022, Appendix A). ``"selective"``
     adds to that one more forward of the attention core, 4 B s² h per layer
     (Korthikanti et al. 2022, Section 5).
     """
