@@ -228,8 +228,21 @@ def _watch_parent(parent_pid: int) -> None:
     while True:
         if os.getppid() != parent_pid:
             _end_started_processes()
+            _remove_own_files()
             os._exit(1)
         time.sleep(0.5)
+
+
+def _remove_own_files() -> None:
+    """In a worker whose parent is gone: remove its stack file and native-stderr file (the
+    parent would have, had it lived)."""
+    paths = [_stack_out.name] if _stack_out is not None else []
+    with contextlib.suppress(OSError):
+        paths.append(os.readlink("/proc/self/fd/2"))
+    for path in paths:
+        if os.path.basename(path).startswith(("distlab-stack-", "distlab-stderr-")):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -285,7 +298,8 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
     while True:
         try:
             job = conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError):  # the parent is gone
+            _remove_own_files()
             return
         if job is None:
             return

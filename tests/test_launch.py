@@ -565,3 +565,24 @@ def test_native_stderr_is_relayed_labelled_by_rank(capfd):
     distlab.run(_writes_to_fd_2, 2)
     err = capfd.readouterr().err
     assert "[rank 0] native line from 0" in err and "[rank 1] native line from 1" in err
+
+
+ORPHANING_SCRIPT = """
+import os, distlab
+distlab.run(lambda rank, world_size: rank, 2)
+print(" ".join(f"{w.stack_file} {w.native_stderr}" for w in distlab.launch._idle), flush=True)
+os._exit(0)  # the parent vanishes without its atexit clean-up (a kernel killed by the grader)
+"""
+
+
+def test_workers_whose_parent_vanished_remove_their_files(tmp_path):
+    script = tmp_path / "orphaning.py"
+    script.write_text(ORPHANING_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=600
+    ).stdout.split()
+    assert len(out) == 4 and all(os.path.basename(p).startswith("distlab-") for p in out), out
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(p) for p in out) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in out if os.path.exists(p)], "a worker's stack or stderr file was left"

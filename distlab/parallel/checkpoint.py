@@ -54,12 +54,26 @@ import torch.distributed as dist
 from torch import nn
 
 from . import checkpoint_files as files
-from .checkpoint_files import CheckpointError
+from .checkpoint_files import CheckpointError, latest_checkpoint
 from .comm import Collectives, world
 from .flat import FlatGroup, named_parameter_index
 from .fsdp import FSDP
 from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer
 from .zero import ZeroOptimizer
+
+__all__ = [
+    "CheckpointError",
+    "ShardedTraining",
+    "full_state",
+    "latest_checkpoint",
+    "load_full",
+    "load_full_state",
+    "load_sharded",
+    "read_full",
+    "save_full",
+    "save_sharded",
+    "verify_sharded",
+]
 
 # ------------------------------------------------------------ the pieces ----
 
