@@ -2,9 +2,10 @@
 
 Shoeybi et al. 2019, Section 3: the input embedding E (V x h) is split by
 rows (vocabulary) across the t ranks, and the output layer, which shares E,
-produces each rank's V/t columns of the logits; "we fuse the output of the
-parallel GEMM with the cross-entropy loss, which reduces the dimension to
-b x s" instead of all-gathering b x s x V logits.
+produces each rank's V/t columns of the logits; the paper fuses the parallel
+GEMM's output with the cross-entropy loss, so only b x s numbers cross the
+ranks instead of the b x s x V logits. How the loss itself is reduced is an
+implementation choice: see :class:`VocabParallelCrossEntropy`.
 
 A vocabulary that t does not divide is padded to V_p = t ceil(V/t) rows
 (Megatron's ``make-vocab-size-divisible-by``). The padding rows are zeros, no
@@ -69,6 +70,13 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     those t numbers per token gives the global one, and one all-reduce the
     target's logit (only its owner contributes). Backward needs no
     communication: dL/dz_iv = softmax(z_i)_v - [v = target].
+
+    This is distlab's own variant. Megatron-LM's ``_VocabParallelCrossEntropy``
+    uses three all-reduces per token: the max logit (for a stable softmax), the
+    target's logit, and the sum of exp(z - max). Both are exact: a log-sum-exp
+    splits over disjoint column sets, log sum_v exp(z_v) = log sum_r exp(lse_r),
+    so gathering the t per-rank log-sum-exps gives the same number as
+    reducing a max and a sum, in one collective instead of two.
     """
 
     @staticmethod
