@@ -471,6 +471,12 @@ def register(subparsers) -> None:
         help="your notebook: a path (course/00-launching/00-launching.ipynb, also from inside "
         "course/), or a course notebook's name (00-launching, or 00)",
     )
+    parser.add_argument(
+        "--exercise",
+        metavar="K",
+        help="grade one exercise only, running just the cells it needs (seconds, not minutes): "
+        "its number (1, 2, ...), its test cell's id, or the start of its title",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--course-root", help=f"the course checkout (default: ${ROOT_ENV_VAR} or this package's)"
@@ -504,9 +510,14 @@ def _main(args: argparse.Namespace) -> int:
 
     try:
         with signals_raise():
-            grade = grade_notebook(
-                args.notebook, args.course_root, args.keep, not args.json, args.timeout
-            )
+            if args.exercise is not None:
+                from distlab.grading_slice import grade_exercise
+
+                grade = grade_exercise(args.notebook, args.exercise, args.course_root, args.timeout)
+            else:
+                grade = grade_notebook(
+                    args.notebook, args.course_root, args.keep, not args.json, args.timeout
+                )
     except FileNotFoundError as exc:
         raise ValueError(str(exc)) from None
     except Interrupted as stop:

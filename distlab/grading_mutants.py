@@ -1,0 +1,186 @@
+"""Do the tests catch wrong answers? Grade plausible wrong solutions, quickly.
+
+A test that passes the reference solution proves little; a test that fails a
+set of *plausible wrong* solutions (an off-by-one, the other convention, a
+missing factor, a call to the library function the exercise replaces, the
+visible case hard-coded) proves it checks understanding. For one solution cell
+``S`` of a source notebook this module:
+
+1. slices the notebook to the cells its dependent test cells need
+   (:func:`distlab.grading_slice.needed_cells`), and splits them into a
+   *prefix* that does not depend on ``S`` and the cells that do;
+2. starts one kernel, runs the prefix once, then for each variant of ``S``
+   (the solution, the released stub, every mutant, and the solution again, to
+   show that no variant left the kernel in a state that changes the verdict)
+   runs ``S`` and the cells that depend on it;
+3. reports, per variant, which dependent test cells raised.
+
+A mutant is *caught* when at least one test cell that depends on it raises,
+so it earns less than full marks, as in the whole-notebook grade.
+
+Mutants are kept as data, one module per notebook, with a ``MUTANTS`` dict:
+``{solution grade id: [(what is wrong, the cell's whole source), ...]}``
+(``tests/mutants/``). ``python benchmarks/grading_mutants.py`` prints the
+table; ``tests/test_grading_mutants.py`` fails on a mutant that is not caught.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from distlab.grading_slice import cell_names, needed_cells
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the dependent test cells did with one variant of a solution cell."""
+
+    variant: str  # "solution", "stub", "solution again", or the mutant's description
+    failed: tuple[str, ...]  # grade ids of the dependent test cells that raised
+    messages: tuple[str, ...]  # their errors, "ExcType: first line"
+
+    @property
+    def caught(self) -> bool:
+        return bool(self.failed)
+
+
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _is_test(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and cell.get("cell_type") == "code"
+
+
+def depends_on(sources: list[str], start: int) -> set[int]:
+    """Indexes of the cells after ``start`` that use, directly or through other cells, a
+    name that cell ``start`` defines."""
+    names = [cell_names(s) for s in sources]
+    tainted, result = set(names[start].defines), set()
+    for index in range(start + 1, len(sources)):
+        if names[index].uses & tainted:
+            result.add(index)
+            tainted |= names[index].defines
+    return result
+
+
+@dataclass
+class MutationPlan:
+    """The cells to run for solution cell ``solution_id`` of a notebook."""
+
+    cells: list  # code cells of the source notebook
+    solution: int  # index of the solution cell in ``cells``
+    tests: list[int]  # dependent graded test cells
+    prefix: list[int]  # needed cells that do not depend on the solution cell
+    per_variant: list[int]  # the solution cell and the needed cells that depend on it
+
+
+def plan(source_nb, solution_id: str) -> MutationPlan:
+    cells = [c for c in source_nb.cells if c.cell_type == "code"]
+    sources = [c.source for c in cells]
+    solution = next(i for i, c in enumerate(cells) if _grade_id(c) == solution_id)
+    dependent = depends_on(sources, solution)
+    tests = [i for i in sorted(dependent) if _is_test(cells[i])]
+    if not tests:
+        raise ValueError(f"no graded test cell uses what solution cell {solution_id!r} defines")
+    needed = needed_cells(sources, tests)
+    prefix = [i for i in needed if i != solution and i not in dependent]
+    per_variant = [i for i in needed if i == solution or i in dependent]
+    return MutationPlan(cells, solution, tests, prefix, per_variant)
+
+
+def _error(outputs) -> str | None:
+    for output in outputs:
+        if output.get("output_type") == "error":
+            value = str(output.get("evalue", "")).strip().splitlines()
+            return f"{output.get('ename')}: {value[0] if value else ''}"[:300]
+    return None
+
+
+def run_variants(
+    plan: MutationPlan, variants: list[tuple[str, str]], cwd: str, timeout: int = 120
+) -> list[Verdict]:
+    """Run the prefix once and each ``(name, source of the solution cell)`` variant after it,
+    in one kernel; return what the dependent test cells did with each."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+    }
+    client = NotebookClient(
+        nb, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
+        kernel_name="python3", resources={"metadata": {"path": cwd}},
+    )  # fmt: skip
+    verdicts = []
+    with client.setup_kernel():
+        for index in plan.prefix:
+            _run_cell(client, nb, plan.cells[index].source)
+        for name, source in variants:
+            failed, messages = [], []
+            for index in plan.per_variant:
+                text = source if index == plan.solution else plan.cells[index].source
+                outputs = _run_cell(client, nb, text)
+                error = _error(outputs)
+                if index in plan.tests and error:
+                    failed.append(_grade_id(plan.cells[index]))
+                    messages.append(error)
+            verdicts.append(Verdict(name, tuple(failed), tuple(messages)))
+    return verdicts
+
+
+def _run_cell(client, nb, source: str) -> list:
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell(source)
+    nb.cells.append(cell)
+    client.execute_cell(cell, len(nb.cells) - 1)
+    return cell.get("outputs", [])
+
+
+def load_module(path: str | Path):
+    """A mutants module (``tests/mutants/mNN_topic.py``): ``ASSIGNMENT`` and ``MUTANTS``."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mutant_source(solution: str, change) -> str:
+    """A mutant's cell source: ``change`` itself, or ``solution`` with each ``(old, new)``
+    of the list ``change`` replaced once (ValueError if an ``old`` is not there)."""
+    if isinstance(change, str):
+        return change
+    for old, new in change:
+        if old not in solution:
+            raise ValueError(f"a mutant replaces text the solution cell does not have: {old!r}")
+        solution = solution.replace(old, new, 1)
+    return solution
+
+
+def check_solution_cell(source_nb, released_nb, solution_id: str, mutants, cwd: str):
+    """Verdicts for the solution, the released stub, each mutant and the solution again."""
+    cells = {_grade_id(c): c for c in released_nb.cells if _grade_id(c)}
+    the_plan = plan(source_nb, solution_id)
+    solution = the_plan.cells[the_plan.solution].source
+    variants = [("solution", solution), ("stub", cells[solution_id].source)]
+    variants += [(what, mutant_source(solution, change)) for what, change in mutants]
+    return the_plan, run_variants(the_plan, [*variants, ("solution again", solution)], cwd)
+
+
+def check_notebook(root: Path, mutants_file: Path, cwd: str) -> dict[str, list[Verdict]]:
+    """Verdicts for every solution cell that ``mutants_file`` has mutants for."""
+    import nbformat
+
+    module = load_module(mutants_file)
+    name = module.ASSIGNMENT
+    source = nbformat.read(root / "solutions" / name / f"{name}.ipynb", as_version=4)
+    released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
+    return {
+        solution_id: check_solution_cell(source, released, solution_id, mutants, cwd)[1]
+        for solution_id, mutants in module.MUTANTS.items()
+    }

@@ -1,0 +1,447 @@
+"""Grade one exercise in seconds: run only the cells its tests need.
+
+A whole notebook runs every demo before it reaches the last exercise. To grade
+exercise K alone, the grader reads every code cell once with :mod:`ast` and
+notes the names it *defines* (assignments, ``def``, ``class``, imports, loop
+and ``with`` targets, objects it mutates) and the names it *uses* (anywhere,
+function bodies included, since a function runs later with the globals it
+names). Starting from the exercise's test cells, it walks back: each name a
+needed cell uses pulls in the latest earlier cell that defines it. Cells that
+define nothing but set up the process (seeds, threads, folders, environment
+variables) are always kept, because results may depend on them.
+
+The cells come from the learner's notebook (their solutions, their own extra
+cells); each graded test cell is taken from the source notebook, hidden tests
+included, exactly as ``nbgrader autograde`` restores them. A test cell scores
+its points if it runs without an error, as in nbgrader. ``tests/test_grading_mutants.py``
+checks, for every exercise of the course, that the slice gives the solution full
+marks and the released stub none, as the whole-notebook grade does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SETUP_CALLS = frozenset(
+    {
+        "manual_seed",
+        "seed",
+        "set_num_threads",
+        "makedirs",
+        "mkdir",
+        "chdir",
+        "filterwarnings",
+        "simplefilter",
+        "set_printoptions",
+        "use_deterministic_algorithms",
+        "setdefault",
+        "putenv",
+    }
+)
+
+
+MUTATORS = frozenset(
+    {"append", "extend", "insert", "update", "add", "setdefault", "pop", "remove", "clear",
+     "discard", "sort", "reverse", "load_state_dict"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CellNames:
+    """What one code cell defines and uses at the notebook's top level."""
+
+    defines: frozenset[str]
+    uses: frozenset[str]
+    setup: bool  # defines nothing, and calls something that configures the process
+
+
+def _python(source: str) -> ast.Module | None:
+    """The cell as Python (IPython magics and shell escapes translated), or None."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        source = TransformerManager().transform_cell(source)
+    except ImportError:  # pragma: no cover - IPython comes with Jupyter
+        pass
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def _bound(target: ast.AST) -> set[str]:
+    """Names a store target binds or mutates (``a``, ``a, b``, ``a.x``, ``a[i]`` -> a)."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_bound(t) for t in target.elts)) if target.elts else set()
+    if isinstance(target, ast.Starred):
+        return _bound(target.value)
+    if isinstance(target, (ast.Attribute, ast.Subscript)):
+        return _bound(target.value)
+    return set()
+
+
+def _top_level(body: list[ast.stmt]):
+    """The statements run at the top level: into if/for/while/try/with, not into def/class."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While)):
+            yield from _top_level(node.body)
+            yield from _top_level(node.orelse)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            yield from _top_level(node.body)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody):
+                yield from _top_level(block)
+            for handler in node.handlers:
+                yield from _top_level(handler.body)
+
+
+def _defined_by(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+    if isinstance(node, ast.Assign):
+        return set().union(*(_bound(t) for t in node.targets))
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        return _bound(node.target)
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return _bound(node.target)
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return set().union(set(), *(_bound(i.optional_vars) for i in node.items if i.optional_vars))
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        func = node.value.func  # x.append(...), x.update(...): mutates x
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.attr in MUTATORS
+        ):
+            return {func.value.id}
+    return set()
+
+
+def _calls(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            names.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return names
+
+
+def cell_names(source: str) -> CellNames:
+    """What a code cell defines and uses; a cell that does not parse uses and defines nothing."""
+    tree = _python(source)
+    if tree is None:
+        return CellNames(frozenset(), frozenset(), False)
+    defines = set().union(set(), *(_defined_by(n) for n in _top_level(tree.body)))
+    for node in ast.walk(tree):  # walrus at the top level, and `global x` inside functions
+        if isinstance(node, ast.NamedExpr):
+            defines |= _bound(node.target)
+        elif isinstance(node, ast.Global):
+            defines |= set(node.names)
+    uses = _free_names(tree, defines)
+    setup = not defines and bool(_calls(tree) & SETUP_CALLS)
+    if any(isinstance(n, ast.Assign) and _is_environ(n) for n in ast.walk(tree)):
+        setup = True
+    return CellNames(frozenset(defines), frozenset(uses), setup)
+
+
+class _FreeNames(ast.NodeVisitor):
+    """Names a cell reads before it binds them, visiting in evaluation order (the value of
+    an assignment before its targets, a loop's iterable before its variable, a
+    comprehension's ``for`` before its element). A function or lambda body reads globals
+    when it is called: its names count unless the function binds them itself."""
+
+    def __init__(self):
+        self.bound: set[str] = set()
+        self.free: set[str] = set()
+        self.deferred: set[str] = set()
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            if node.id not in self.bound:
+                self.free.add(node.id)
+        else:
+            self.bound.add(node.id)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        for target in node.targets:
+            self.visit(target)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+        self.visit(node.target)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.visit(node.value)
+        for name in _bound(node.target):
+            if name not in self.bound:
+                self.free.add(name)
+
+    def visit_For(self, node: ast.For) -> None:
+        self.visit(node.iter)
+        self.visit(node.target)
+        for statement in node.body + node.orelse:
+            self.visit(statement)
+
+    visit_AsyncFor = visit_For
+
+    def _comprehension(self, node, *elements) -> None:
+        for generator in node.generators:
+            self.visit(generator)
+        for element in elements:
+            self.visit(element)
+
+    def visit_ListComp(self, node) -> None:
+        self._comprehension(node, node.elt)
+
+    visit_SetComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_DictComp(self, node) -> None:
+        self._comprehension(node, node.key, node.value)
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        self.visit(node.iter)
+        self.visit(node.target)
+        for condition in node.ifs:
+            self.visit(condition)
+
+    def _function(self, node) -> None:
+        for default in node.args.defaults + node.args.kw_defaults:
+            if default is not None:
+                self.visit(default)
+        for decorator in getattr(node, "decorator_list", []):
+            self.visit(decorator)
+        local = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        body = node.body if isinstance(node.body, list) else [node.body]
+        for part in body:
+            for inner in ast.walk(part):
+                if isinstance(inner, ast.Name) and not isinstance(inner.ctx, ast.Load):
+                    local.add(inner.id)
+        for part in body:
+            for inner in ast.walk(part):
+                loads = isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load)
+                if loads and inner.id not in local:
+                    self.deferred.add(inner.id)
+        if hasattr(node, "name"):
+            self.bound.add(node.name)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for base in node.bases + node.decorator_list:
+            self.visit(base)
+        for statement in node.body:
+            self.visit(statement)
+        self.bound.add(node.name)
+
+
+def _free_names(tree: ast.Module, defines: set[str]) -> frozenset[str]:
+    visitor = _FreeNames()
+    visitor.visit(tree)
+    return frozenset(visitor.free | (visitor.deferred - defines))
+
+
+def _is_environ(node: ast.Assign) -> bool:
+    return any(
+        isinstance(t, ast.Subscript) and "environ" in ast.unparse(t.value) for t in node.targets
+    )
+
+
+def needed_cells(sources: list[str], targets: list[int]) -> list[int]:
+    """Indexes of the cells to run, in order, so that the ``targets`` cells run as in the
+    whole notebook: every setup cell before the last target, and for every name a needed
+    cell uses, the latest earlier cell that defines it."""
+    names = [cell_names(s) for s in sources]
+    setup = [i for i in range(max(targets)) if names[i].setup]
+    needed = set(targets) | set(setup)
+    pending = sorted(needed)
+    while pending:
+        index = pending.pop()
+        for name in names[index].uses:
+            for earlier in range(index - 1, -1, -1):
+                if name in names[earlier].defines:
+                    if earlier not in needed:
+                        needed.add(earlier)
+                        pending.append(earlier)
+                    break
+    return sorted(needed)
+
+
+# ------------------------------------------------------------ one exercise ---
+def _graded_tests(nb) -> list:
+    from distlab.grading import _is_graded
+
+    return [c for c in nb.cells if _is_graded(c)]
+
+
+def choose_tests(source, exercise: str | int) -> list[str]:
+    """grade ids of the test cells of ``exercise``: its number (1-based, in notebook order),
+    a test cell's grade id, or the start of an exercise title. ValueError names the choices."""
+    from distlab.grading import _grade_id
+
+    tests = _graded_tests(source)
+    ids = [_grade_id(c) for c in tests]
+    titles = [c.metadata.get("distlab", {}).get("exercise", _grade_id(c)) for c in tests]
+    text = str(exercise).strip()
+    if text.isdigit() and 1 <= int(text) <= len(ids):
+        return [ids[int(text) - 1]]
+    if text in ids:
+        return [text]
+    matches = [i for i, t in zip(ids, titles) if t.lower().startswith(text.lower())] if text else []
+    if len(matches) == 1:
+        return matches
+    listing = "; ".join(f"{n}: {i} ({t})" for n, (i, t) in enumerate(zip(ids, titles), 1))
+    raise ValueError(f"no single exercise matches {exercise!r}; the exercises are {listing}")
+
+
+def exercise_notebook(learner, source, test_ids: list[str]):
+    """The notebook to run for ``test_ids``: the learner's cells, with each graded test cell
+    as in the source (hidden tests included), cut to what those tests need."""
+    import nbformat
+
+    from distlab.grading import _grade_id
+
+    originals = {_grade_id(c): c for c in _graded_tests(source)}
+    cells = []
+    for cell in learner.cells:
+        if cell.cell_type != "code":
+            continue
+        original = originals.get(_grade_id(cell))
+        cells.append(nbformat.from_dict(dict(original if original is not None else cell)))
+    for cell in cells:
+        cell.outputs, cell.execution_count = [], None
+    targets = [i for i, c in enumerate(cells) if _grade_id(c) in test_ids]
+    if not targets:
+        return None
+    keep = needed_cells([c.source for c in cells], targets)
+    run = nbformat.v4.new_notebook(metadata=learner.metadata)
+    run.cells = [cells[i] for i in keep]
+    return run
+
+
+def grade_exercise(
+    notebook_path: str | os.PathLike,
+    exercise: str | int,
+    root: str | None = None,
+    timeout: int | None = None,
+):
+    """Grade one exercise of a learner's notebook by running only the cells it needs.
+
+    Returns a :class:`~distlab.grading.NotebookGrade` holding that exercise's test
+    cells, scored as ``nbgrader autograde`` scores them (points if the cell raises nothing).
+    """
+    import nbformat
+
+    from distlab import grading
+    from distlab.grading_resolve import resolve_notebook
+
+    found = resolve_notebook(notebook_path, root)
+    learner = nbformat.read(found.path, as_version=4)
+    source_path = grading.find_course_root(root) / grading.SOURCE_DIR / found.assignment
+    source = nbformat.read(source_path / f"{found.notebook}.ipynb", as_version=4)
+    test_ids = choose_tests(source, exercise)
+    modified = grading._local_time(found.path.stat().st_mtime)
+    run = exercise_notebook(learner, source, test_ids)
+    executed = {} if run is None else _execute(run, found.path.parent, timeout)
+    exercises = [
+        _score(c, executed) for c in _graded_tests(source) if grading._grade_id(c) in test_ids
+    ]
+    return grading.NotebookGrade(
+        found.assignment, found.notebook, exercises, path=str(found.path), modified=modified,
+        note=found.note,
+    )  # fmt: skip
+
+
+def _score(test_cell, executed: dict):
+    from distlab import grading
+
+    grade_id = grading._grade_id(test_cell)
+    points = float(test_cell.metadata["nbgrader"].get("points", 0))
+    meta = test_cell.metadata.get("distlab", {})
+    title = meta.get("exercise", grade_id)
+    if grade_id not in executed:
+        failure, where = grading.MISSING_CELL, None
+    else:
+        failure = grading._failure(executed[grade_id])
+        where = grading.raised_in(executed[grade_id]) if failure else None
+    if failure and failure.startswith("DeadKernelError"):
+        failure = grading.KERNEL_DIED.format(title=title)
+    return grading.ExerciseScore(
+        grade_id, title, 0.0 if failure else points, points, failure, meta.get("flashcards"),
+        where,
+    )  # fmt: skip
+
+
+def _execute(run, folder: Path, timeout: int | None) -> dict:
+    """Run the notebook beside copies of the files in the learner's folder, in a contained
+    subprocess (nothing it starts outlives it); return each graded cell's outputs by grade id."""
+    import nbformat
+
+    from distlab import grading
+    from distlab.grading_run import run_contained
+
+    with tempfile.TemporaryDirectory(prefix="distlab-exercise-") as tmp:
+        given, done = Path(tmp) / "exercise.ipynb", Path(tmp) / "executed.ipynb"
+        nbformat.write(run, given)
+        work = Path(tmp) / "work"  # like autograde: a copy of the files beside the notebook
+        work.mkdir()
+        for item in folder.iterdir():
+            if item.is_file() and item.suffix != ".ipynb":
+                shutil.copy2(item, work / item.name)
+        command = [sys.executable, "-m", "distlab.grading_slice", str(given), str(done)]
+        if timeout is not None:
+            command += ["--timeout", str(timeout)]
+        code, log = run_contained(command, work, grading.nbgrader_env())
+        if code != 0 or not done.exists():
+            raise RuntimeError(f"running the exercise's cells failed ({code}):\n{log[-3000:]}")
+        executed = nbformat.read(done, as_version=4)
+    return {
+        grading._grade_id(c): c.get("outputs", []) for c in executed.cells if grading._grade_id(c)
+    }
+
+
+def _course_timeout() -> int:
+    """The course config's ``Execute.timeout`` (seconds a cell may run)."""
+    from distlab import grading
+
+    config = (grading.find_course_root() / grading.CONFIG_FILE).read_text(encoding="utf-8")
+    for line in config.splitlines():
+        if line.replace(" ", "").startswith("c.Execute.timeout="):
+            return int(line.split("=", 1)[1].split("#")[0])
+    return 120
+
+
+def _run(argv: list[str] | None = None) -> None:
+    """``python -m distlab.grading_slice IN OUT``: execute IN as nbgrader would, write OUT."""
+    import nbformat
+
+    from distlab.grading_execute import GuardedExecute
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("given")
+    parser.add_argument("done")
+    parser.add_argument("--timeout", type=int, default=None)
+    args = parser.parse_args(argv)
+    nb = nbformat.read(args.given, as_version=4)
+    executor = GuardedExecute(
+        timeout=args.timeout or _course_timeout(), interrupt_on_timeout=True, allow_errors=True
+    )
+    executor.preprocess(nb, {"metadata": {"path": os.getcwd()}})
+    nbformat.write(nb, args.done)
+
+
+if __name__ == "__main__":
+    _run()
