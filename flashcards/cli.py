@@ -190,11 +190,21 @@ def _selected(args: argparse.Namespace) -> list[Card]:
     return in_course_order(cards)
 
 
+def _iso_time(text: str) -> datetime:
+    """``--now``: an ISO 8601 time (UTC if it names no zone)."""
+    try:
+        fixed = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-01-31T09:00, got {text!r}"
+        ) from None
+    return fixed.replace(tzinfo=UTC) if fixed.tzinfo is None else fixed
+
+
 def _clock(args: argparse.Namespace) -> Callable[[], datetime] | None:
     if args.now is None:
         return None
-    fixed = datetime.fromisoformat(args.now)
-    fixed = fixed.replace(tzinfo=UTC) if fixed.tzinfo is None else fixed
+    fixed = args.now
     return lambda: fixed
 
 
@@ -230,6 +240,12 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
         done.add_row(day.isoformat(), str(n))
     console.print(Columns([forecast, done]))
     if args.plot:
+        suffix = os.path.splitext(args.plot)[1].lower()
+        if suffix not in (".png", ".svg", ".pdf"):
+            raise ValueError(
+                f"--plot {args.plot!r}: the file name must end in .png, .svg or .pdf "
+                f"(got {suffix or 'no suffix'})"
+            )
         console.print(f"figure written to {plot_stats(stats, args.plot)}")
     return 0
 
@@ -367,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--db", help="review database (default: $DISTLAB_FLASHCARDS_DB or the user data dir)"
     )
     common.add_argument("--deck", help="deck folder or card file (default: the course deck)")
-    common.add_argument("--now", help=argparse.SUPPRESS)  # fixed ISO time, for tests and demos
+    common.add_argument("--now", type=_iso_time, help=argparse.SUPPRESS)  # fixed time, for tests
     selection = argparse.ArgumentParser(add_help=False)
     selection.add_argument("--tag", help="only cards with this tag")
     selection.add_argument(

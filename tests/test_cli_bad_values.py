@@ -45,22 +45,9 @@ ELSEWHERE = {("unsuspend", "--db")}
 #: commands whose options the sweep does not reach: ``grade`` stops at its missing notebook
 #: (grading a real one takes seconds per case); only "no traceback, one line" is checked
 NOT_REACHED = {"grade"}
-_NOW = "flashcards/cli.py: the hidden --now option's error names the value, not the option"
-#: known gaps, in files this sweep's fixes did not touch (issue 30): the error misses the option
-#: or the value. Strict xfail: a fix makes its case pass, which fails the run until it is removed.
-GAPS = {("bench", "--sizes", "1e30"): "distlab/collectives/bench.py: the memory error shows TiB",
-        ("sim", "--world-size", "-1"): "distlab/sim: 'number of ranks' does not name --world-size",
-        ("schedule", "--mtbf-h", "-1"): "distlab/placement/commands.py: 'mtbf_s must be > 0'",
-        ("schedule", "--mtbf-h", "0"): "distlab/placement/commands.py: 'mtbf_s must be > 0'",
-        ("schedule", "--seed", "-1"): "distlab/placement/commands.py: numpy's 'expected non-negative integer'",
-        ("stats", "--plot", "MISSING_FILE"): "flashcards/cli.py: matplotlib's 'Format json is not supported'",
-        ("sim", "--gamma", "nan"): "distlab/sim/commands.py: --gamma nan is simulated (type=float)",
-        ("sim", "--gamma", "inf"): "distlab/sim/commands.py: --gamma inf is simulated (type=float)",
-        ("sim", "--world-size", "0"): "distlab/sim/commands.py: --world-size 0 means every GPU",
-        ("schedule", "--mtbf-h", "nan"): "distlab/placement/commands.py: --mtbf-h nan runs",
-        ("schedule", "--repair-h", "nan"): "distlab/placement/commands.py: --repair-h nan runs",
-        ("schedule", "--repair-h", "-1"): "distlab/placement/commands.py: --repair-h -1 runs",
-        **{(c, "--now", v): _NOW for c in ("drill", "stats") for v in BAD_VALUES}}  # fmt: skip
+#: known gaps (none left): a case whose error misses the option or the value. Strict xfail: a fix
+#: makes its case pass, which fails the run until it is removed.
+GAPS: dict = {}  # fmt: skip
 #: values that must be refused, not run: nan by any number option, and these
 MUST_REFUSE = {
     ("sim", "--world-size", "0"),

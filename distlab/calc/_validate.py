@@ -27,6 +27,24 @@ def positive(name: str, value: object) -> float:
     return float(value)
 
 
+def nonnegative(name: str, value: object) -> float:
+    """``value`` as a finite float >= 0, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def nonnegative_int(name: str, value: object) -> int:
+    """``value`` as an int >= 0 (a seed, a count that may be zero), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an integer >= 0, got {value!r}")
+    if isinstance(value, float) and not value.is_integer() or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def fraction(name: str, value: object, *, allow_one: bool = True) -> float:
     """``value`` in [0, 1] (or [0, 1) when ``allow_one`` is False)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -239,7 +239,8 @@ def _check_memory(sizes: list[int], n: int, backend: str) -> None:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if 3 * n * max(sizes) > memory:
         raise ValueError(
-            f"size {format_size(max(sizes))} on {n} ranks needs about {format_size(3 * n * max(sizes))}"
+            f"size {max(sizes)} bytes ({format_size(max(sizes))}) on {n} ranks needs about "
+            f"{format_size(3 * n * max(sizes))}"
             f" of memory; this machine has {format_size(memory)}: choose smaller --sizes"
         )
 

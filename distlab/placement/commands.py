@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from distlab.calc._validate import cli, nonnegative, nonnegative_int, positive
+
 from .cluster import resolve_cluster
 from .jobs import Job, Workload, mixed_jobs
 from .placer import STRATEGIES, compare_placements, place
@@ -26,7 +28,7 @@ def register(subparsers) -> None:
         help="score hierarchical, rank order, TP outermost, random",
     )
     p.add_argument("--zero-stage", type=int, default=0, help="ZeRO stage for the DP traffic (0-3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli(nonnegative_int, integer=True), default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_place)
 
@@ -39,10 +41,12 @@ def register(subparsers) -> None:
     s.add_argument("--policy", default="both", choices=("first-fit", "best-fit", "both"))
     s.add_argument("--no-preemption", action="store_true")
     s.add_argument(
-        "--mtbf-h", type=float, default=None, help="mean hours between failures per node"
+        "--mtbf-h", type=cli(positive), default=None, help="mean hours between failures per node"
     )
-    s.add_argument("--repair-h", type=float, default=4.0, help="hours to repair a failed node")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--repair-h", type=cli(nonnegative), default=4.0, help="hours to repair a failed node"
+    )
+    s.add_argument("--seed", type=cli(nonnegative_int, integer=True), default=0)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_schedule)
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from distlab.calc._validate import cli, nonnegative, positive_int
 from distlab.calc.units import format_size, size_range
 
 from .algorithms import algorithm_name, build_schedule
@@ -40,7 +41,11 @@ def register(subparsers) -> None:
     p.add_argument("--cluster", default="dgx-h100", help=f"preset: {', '.join(sorted(PRESETS))}")
     p.add_argument("--cluster-file", help="a cluster spec in JSON or YAML (overrides --cluster)")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
-    p.add_argument("--world-size", type=int, help="ranks (default: every GPU of the cluster)")
+    p.add_argument(
+        "--world-size",
+        type=cli(positive_int, integer=True),
+        help="ranks (default: every GPU of the cluster)",
+    )
     p.add_argument(
         "--sizes",
         default="4KiB:1GiB",
@@ -50,7 +55,9 @@ def register(subparsers) -> None:
         "--factor", type=int, default=2, help="size multiplier in a lo:hi range (default 2)"
     )
     p.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4, float32)")
-    p.add_argument("--gamma", type=float, default=0.0, help="seconds per byte reduced (default 0)")
+    p.add_argument(
+        "--gamma", type=cli(nonnegative), default=0.0, help="seconds per byte reduced (default 0)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON records instead of tables")
     p.set_defaults(func=run)
 
