@@ -486,9 +486,8 @@ def save_sharded(path: str | os.PathLike, model, optimizer) -> None:
     if world_size > 1:
         dist.barrier()  # every file is written (DCP's own metadata included)
     names = sorted(p.name for p in (path / data).iterdir())
-    described = _gather_dicts(
-        files.describe_files(path / data, files.share(names, rank, world_size))
-    )
+    mine = files.describe_files(path / data, files.share(names, rank, world_size))
+    described = {name: entry for part in _every_rank(mine) for name, entry in part.items()}
     if rank == 0:
         files.write_commit(path, data, described, world_size)
     if world_size > 1:
@@ -504,14 +503,14 @@ def _agree(value):
     return box[0]
 
 
-def _gather_dicts(mine: dict) -> dict:
-    """The union of every rank's dict (collective)."""
+def _every_rank(mine) -> list:
+    """Every rank's ``mine``, in rank order (collective)."""
     _, world_size = world()
     if world_size == 1:
-        return mine
+        return [mine]
     every = [None] * world_size
     dist.all_gather_object(every, mine)
-    return {k: v for d in every for k, v in d.items()}
+    return every
 
 
 def verify_sharded(path: str | os.PathLike) -> Path:
@@ -527,19 +526,10 @@ def verify_sharded(path: str | os.PathLike) -> Path:
     mine = files.file_problems(
         data, record["files"], files.share(record["files"], rank, world_size)
     )
-    problems = _gather_lists(mine)
+    problems = [problem for part in _every_rank(mine) for problem in part]
     if problems:
         raise CheckpointError(f"checkpoint {path} cannot be loaded:\n  " + "\n  ".join(problems))
     return data
-
-
-def _gather_lists(mine: list) -> list:
-    _, world_size = world()
-    if world_size == 1:
-        return mine
-    every = [None] * world_size
-    dist.all_gather_object(every, mine)
-    return [item for part in every for item in part]
 
 
 def _fresh(meta, device, numel: int | None = None) -> torch.Tensor:
