@@ -275,6 +275,9 @@ def _is_graded(cell) -> bool:
     return bool(meta.get("grade")) and cell.get("cell_type") == "code"
 
 
+MESSAGE_LINES = 30  # lines of a failing check's message shown in the report
+
+
 def _failure(outputs) -> str | None:
     """``ExcType: message`` of a cell's error; for a failed rank, the rank's own last line too."""
     for output in outputs:
@@ -283,9 +286,11 @@ def _failure(outputs) -> str | None:
         value = str(output.get("evalue", "")).strip()
         lines = [line for line in value.splitlines() if line.strip()]
         head = f"{output.get('ename', 'Error')}: {lines[0] if lines else ''}".rstrip(": ")
-        if len(lines) > 1:  # a RankError carries the rank's traceback; its last line is the cause
-            return f"{head}\n{lines[-1].strip()}"
-        return head
+        if output.get("ename") == "RankError" and len(lines) > 1:
+            return (
+                f"{head}\n{lines[-1].strip()}"  # the rank's traceback: its last line is the cause
+            )
+        return "\n".join([head, *lines[1:MESSAGE_LINES]])  # a check's whole message
     return None
 
 
@@ -453,6 +458,8 @@ def _exercise_lines(e: ExerciseScore, width: int, edited: bool) -> list[str]:
     if e.failure and e.raised_in:
         where = "stopped in" if e.failure.startswith("TimeoutError") else "raised in"
         lines.append(f"      {where} {e.raised_in}()")
+    if e.failure and e.flashcards and "#" in e.flashcards:
+        lines.append(f"      reread the notebook's section #{e.flashcards.split('#', 1)[1]}")
     return lines
 
 

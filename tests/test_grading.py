@@ -88,6 +88,14 @@ def test_failure_keeps_the_failing_ranks_own_error():
         grading._failure([{"output_type": "stream", "text": "hi"}, plain]) == "NotImplementedError"
     )
     assert grading._failure([{"output_type": "stream", "text": "hi"}]) is None
+    long = {
+        "output_type": "error",
+        "ename": "AssertionError",
+        "evalue": "idle share: yours is 0.62, expected 0.3\nline 2\nline 3\nline 4",
+    }
+    assert grading._failure([long]).splitlines() == [
+        "AssertionError: idle share: yours is 0.62, expected 0.3", "line 2", "line 3", "line 4"
+    ], "a check's whole message is shown, not its first line only"  # fmt: skip
 
 
 def test_report_lists_points_failures_and_review_commands():
@@ -117,6 +125,7 @@ def test_report_lists_points_failures_and_review_commands():
         report,
     )
     assert f"flashcards drill --notebook {ASSIGNMENT}#backprop" in report
+    assert "reread the notebook's section #backprop" in report
     assert "#bytes-per-parameter" not in report.split("Review")[1], (
         "passed exercises are not suggested"
     )
