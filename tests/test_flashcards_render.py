@@ -51,7 +51,7 @@ def test_raw_html_in_cards_is_escaped():
 @pytest.mark.parametrize(
     ("tex", "text"),
     [
-        (r"A = [A_1 \mid A_2]", "W = [W₁ | W₂]"),  # issue 27: this reached the terminal as TeX
+        (r"A = [A_1 \mid A_2]", "A = [A₁ | A₂]"),  # issue 27: this reached the terminal as TeX
         (r"\frac{n-1}{n} \cdot N \approx \sqrt{2}", "(n-1)/n · N ≈ √2"),
         (r"2\frac{n-1}{n}N\beta", "2(n-1)/n · Nβ"),  # never "(n-1)/(n)N"
         (r"\frac{s}{6h} \le \frac1K", "s/(6h) ≤ 1/K"),
