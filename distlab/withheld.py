@@ -67,7 +67,9 @@ def _bindings(targets: dict[int, Callable]) -> list[tuple[object, str, Callable]
         for attr, value in list(vars(module).items()):
             if id(value) in targets and value is targets[id(value)]:
                 found.append((module, attr, value))
-            elif isinstance(value, type) and id(value) not in seen_classes:
+            elif issubclass(type(value), type) and id(value) not in seen_classes:
+                # type(value), not isinstance: isinstance may read value.__class__, and some
+                # module attributes warn when read (torch.distributed.reduce_op)
                 seen_classes.add(id(value))
                 for cls_attr, member in list(vars(value).items()):
                     if id(member) in targets and member is targets[id(member)]:
