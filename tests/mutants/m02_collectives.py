@@ -15,12 +15,21 @@ MUTANTS = {
         ),
         (
             "distlab's ring",
-            [(RS_LOOP, "    collectives.ring_all_reduce(tensor)\n    return chunks[rank]\n" + RS_LOOP)],
+            [
+                (
+                    RS_LOOP,
+                    "    collectives.ring_all_reduce(tensor)\n    return chunks[rank]\n" + RS_LOOP,
+                )
+            ],
         ),
         (
             "adds into the chunk it sends",
-            [("        target = chunks[(rank - k - 1) % world_size]",
-              "        target = chunks[(rank - k) % world_size]")],
+            [
+                (
+                    "        target = chunks[(rank - k - 1) % world_size]",
+                    "        target = chunks[(rank - k) % world_size]",
+                )
+            ],
         ),
         (
             "steps k = 0 .. n-2",
@@ -28,28 +37,46 @@ MUTANTS = {
         ),
         (
             "receives straight into place, no adding",
-            [("        dist.recv(incoming, src=left)", "        dist.recv(target, src=left)"),
-             ("        target += incoming", "        pass")],
+            [
+                ("        dist.recv(incoming, src=left)", "        dist.recv(target, src=left)"),
+                ("        target += incoming", "        pass"),
+            ],
         ),
         (
             "sends to the left",
-            [("    right, left = (rank + 1) % world_size, (rank - 1) % world_size",
-              "    right, left = (rank - 1) % world_size, (rank + 1) % world_size")],
+            [
+                (
+                    "    right, left = (rank + 1) % world_size, (rank - 1) % world_size",
+                    "    right, left = (rank - 1) % world_size, (rank + 1) % world_size",
+                )
+            ],
         ),
     ],
     "ring-all-gather": [
         (
             "torch's all-reduce of the tensor with zeros elsewhere",
-            [("    right, left = (rank + 1)",
-              "    out = torch.zeros_like(tensor)\n"
-              "    torch.tensor_split(out, world_size)[rank].copy_(chunks[rank])\n"
-              "    dist.all_reduce(out)\n    tensor.copy_(out)\n    return\n    right, left = (rank + 1)")],
+            [
+                (
+                    "    right, left = (rank + 1)",
+                    (
+                        "    out = torch.zeros_like(tensor)\n"
+                        "    torch.tensor_split(out, world_size)[rank].copy_(chunks[rank])\n"
+                        "    dist.all_reduce(out)\n    tensor.copy_(out)\n    return\n    right, left = (rank + 1)"
+                    ),
+                )
+            ],
         ),
         (
             "the reduce-scatter's chunk indices",
-            [(AG_STEP,
-              "        request = dist.isend(chunks[(rank - k) % world_size], dst=right)\n"
-              "        dist.recv(chunks[(rank - k - 1) % world_size], src=left)\n")],
+            [
+                (
+                    AG_STEP,
+                    (
+                        "        request = dist.isend(chunks[(rank - k) % world_size], dst=right)\n"
+                        "        dist.recv(chunks[(rank - k - 1) % world_size], src=left)\n"
+                    ),
+                )
+            ],
         ),
         (
             "one step short",
@@ -57,20 +84,45 @@ MUTANTS = {
         ),
         (
             "receives into a fresh buffer and never copies it",
-            [("        dist.recv(chunks[(rank - k) % world_size], src=left)",
-              "        dist.recv(torch.empty_like(chunks[(rank - k) % world_size]), src=left)")],
+            [
+                (
+                    "        dist.recv(chunks[(rank - k) % world_size], src=left)",
+                    "        dist.recv(torch.empty_like(chunks[(rank - k) % world_size]), src=left)",
+                )
+            ],
         ),
     ],
     "ring-all-reduce": [
-        ("torch's all-reduce", [("    ring_reduce_scatter(tensor, rank, world_size)\n    ring_all_gather(tensor, rank, world_size)",
-                                 "    dist.all_reduce(tensor)")]),
-        ("distlab's ring", [("    ring_reduce_scatter(tensor, rank, world_size)\n    ring_all_gather(tensor, rank, world_size)",
-                             "    collectives.ring_all_reduce(tensor)")]),
-        ("the reduce-scatter only", [("    ring_all_gather(tensor, rank, world_size)", "    pass")]),
+        (
+            "torch's all-reduce",
+            [
+                (
+                    "    ring_reduce_scatter(tensor, rank, world_size)\n    ring_all_gather(tensor, rank, world_size)",
+                    "    dist.all_reduce(tensor)",
+                )
+            ],
+        ),
+        (
+            "distlab's ring",
+            [
+                (
+                    "    ring_reduce_scatter(tensor, rank, world_size)\n    ring_all_gather(tensor, rank, world_size)",
+                    "    collectives.ring_all_reduce(tensor)",
+                )
+            ],
+        ),
+        (
+            "the reduce-scatter only",
+            [("    ring_all_gather(tensor, rank, world_size)", "    pass")],
+        ),
         (
             "the phases in the wrong order",
-            [("    ring_reduce_scatter(tensor, rank, world_size)\n    ring_all_gather(tensor, rank, world_size)",
-              "    ring_all_gather(tensor, rank, world_size)\n    ring_reduce_scatter(tensor, rank, world_size)")],
+            [
+                (
+                    "    ring_reduce_scatter(tensor, rank, world_size)\n    ring_all_gather(tensor, rank, world_size)",
+                    "    ring_all_gather(tensor, rank, world_size)\n    ring_reduce_scatter(tensor, rank, world_size)",
+                )
+            ],
         ),
     ],
 }

@@ -23,7 +23,12 @@ MUTANTS = {
         ),
         (
             "the whole GPU memory, no headroom",
-            [("cluster.gpu_memory_bytes * (1 - PlannerAssumptions().memory_headroom)", "cluster.gpu_memory_bytes")],
+            [
+                (
+                    "cluster.gpu_memory_bytes * (1 - PlannerAssumptions().memory_headroom)",
+                    "cluster.gpu_memory_bytes",
+                )
+            ],
         ),
         (
             "forbids every ZeRO stage with pipeline parallelism",
@@ -31,7 +36,12 @@ MUTANTS = {
         ),
         (
             "interleaving without the layers-per-stage rule",
-            [("\n                                 or (model.layers // c.pp) % c.virtual_stages)", ")")],
+            [
+                (
+                    "\n                                 or (model.layers // c.pp) % c.virtual_stages)",
+                    ")",
+                )
+            ],
         ),
         (
             "forgets the global batch",
@@ -44,8 +54,10 @@ MUTANTS = {
             [
                 (
                     "    chosen = None\n",
-                    "    chosen = plan(spec, cluster, global_batch=global_batch).best\n"
-                    "    divisors = []\n",
+                    (
+                        "    chosen = plan(spec, cluster, global_batch=global_batch).best\n"
+                        "    divisors = []\n"
+                    ),
                 )
             ],
         ),
@@ -62,7 +74,10 @@ MUTANTS = {
                 )
             ],
         ),
-        ("memory in GiB", [("peak_memory(spec, c).total / 1e9", "peak_memory(spec, c).total / 2**30")]),
+        (
+            "memory in GiB",
+            [("peak_memory(spec, c).total / 1e9", "peak_memory(spec, c).total / 2**30")],
+        ),
         ("days from hours", [('"days": run_s / 86400', '"days": run_s / 3600')]),
         (
             "the layout that needs the least memory, not the fastest",
