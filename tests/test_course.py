@@ -94,7 +94,8 @@ def test_every_exercise_has_solution_visible_and_hidden_tests(assignment, name):
         meta = cell.metadata["nbgrader"]
         assert meta["points"] > 0 and meta["locked"], meta["grade_id"]
         visible, _, hidden = cell.source.partition("### BEGIN HIDDEN TESTS")
-        assert "assert" in visible, f"{meta['grade_id']}: no visible test"
+        checks = ("assert", "expect(", "expect_close(")  # distlab.withheld's checks count
+        assert any(c in visible for c in checks), f"{meta['grade_id']}: no visible test"
         hidden_code, end, _ = hidden.partition("### END HIDDEN TESTS")
         assert end and hidden_code.strip(), f"{meta['grade_id']}: no hidden test"
         assert cell.metadata["distlab"]["exercise"], meta["grade_id"]

@@ -30,10 +30,9 @@ MUTANT_FILES = sorted((ROOT / "tests" / "mutants").glob("m[0-9][0-9]_*.py"))
 NOTEBOOKS = [
     (a, nb) for a in grading.assignment_names(ROOT) for nb in grading.source_notebooks(ROOT, a)
 ]
-# Notebooks whose test cells still have bare asserts; each entry is an xfail(strict) so that
-# finishing one fails the test until it is removed from this set.
-MESSAGES_NOT_YET = {
-    "00-launching", "07-tensor-and-sequence-parallelism", "11-scaling-and-compilers",
+# Notebooks whose test cells still have bare asserts (none left); each entry is an
+# xfail(strict) so that finishing one fails the test until it is removed from this set.
+MESSAGES_NOT_YET: set[str] = {
 }  # fmt: skip
 
 pytestmark = pytest.mark.timeout(1800)
