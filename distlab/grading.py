@@ -279,7 +279,8 @@ MESSAGE_LINES = 30  # lines of a failing check's message shown in the report
 
 
 def _failure(outputs) -> str | None:
-    """``ExcType: message`` of a cell's error; for a failed rank, the rank's own last line too."""
+    """``ExcType: message`` of a cell's error; for a failed rank, the rank's own last line too.
+    A test cell that wrote to stderr fails too (nbgrader gives it no points): say so."""
     for output in outputs:
         if output.get("output_type") != "error":
             continue
@@ -291,6 +292,12 @@ def _failure(outputs) -> str | None:
                 f"{head}\n{lines[-1].strip()}"  # the rank's traceback: its last line is the cause
             )
         return "\n".join([head, *lines[1:MESSAGE_LINES]])  # a check's whole message
+    for output in outputs:
+        if output.get("output_type") == "stream" and output.get("name") == "stderr":
+            text = [line for line in str(output.get("text", "")).splitlines() if line.strip()]
+            return "\n".join(
+                ["the test cell wrote to stderr, which nbgrader counts as a failure:", *text[:5]]
+            )
     return None
 
 

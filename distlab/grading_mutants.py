@@ -93,11 +93,11 @@ def plan(source_nb, solution_id: str) -> MutationPlan:
 
 
 def _error(outputs) -> str | None:
-    for output in outputs:
-        if output.get("output_type") == "error":
-            value = str(output.get("evalue", "")).strip().splitlines()
-            return f"{output.get('ename')}: {value[0] if value else ''}"[:300]
-    return None
+    """Why a test cell scores 0 under nbgrader's rule (an error, or output on stderr)."""
+    from distlab.grading import _failure
+
+    failure = _failure(outputs)
+    return failure[:300] if failure else None
 
 
 def run_variants(

@@ -366,6 +366,10 @@ def grade_exercise(
 
 
 def _score(test_cell, executed: dict):
+    """The test cell's points by nbgrader's own rule (``determine_grade``: an error or any
+    output on stderr scores 0), and why it lost them."""
+    from nbgrader.utils import determine_grade
+
     from distlab import grading
 
     grade_id = grading._grade_id(test_cell)
@@ -373,21 +377,22 @@ def _score(test_cell, executed: dict):
     meta = test_cell.metadata.get("distlab", {})
     title = meta.get("exercise", grade_id)
     if grade_id not in executed:
-        failure, where = grading.MISSING_CELL, None
+        score, failure, where = 0.0, grading.MISSING_CELL, None
     else:
-        failure = grading._failure(executed[grade_id])
-        where = grading.raised_in(executed[grade_id]) if failure else None
+        outputs = executed[grade_id].get("outputs", [])
+        score = float(determine_grade(executed[grade_id])[0])
+        failure = grading._failure(outputs) if score < points else None
+        where = grading.raised_in(outputs) if failure else None
     if failure and failure.startswith("DeadKernelError"):
         failure = grading.KERNEL_DIED.format(title=title)
     return grading.ExerciseScore(
-        grade_id, title, 0.0 if failure else points, points, failure, meta.get("flashcards"),
-        where,
-    )  # fmt: skip
+        grade_id, title, score, points, failure, meta.get("flashcards"), where
+    )
 
 
 def _execute(run, folder: Path, timeout: int | None) -> dict:
     """Run the notebook beside copies of the files in the learner's folder, in a contained
-    subprocess (nothing it starts outlives it); return each graded cell's outputs by grade id."""
+    subprocess (nothing it starts outlives it); return each executed graded cell by grade id."""
     import nbformat
 
     from distlab import grading
@@ -408,9 +413,7 @@ def _execute(run, folder: Path, timeout: int | None) -> dict:
         if code != 0 or not done.exists():
             raise RuntimeError(f"running the exercise's cells failed ({code}):\n{log[-3000:]}")
         executed = nbformat.read(done, as_version=4)
-    return {
-        grading._grade_id(c): c.get("outputs", []) for c in executed.cells if grading._grade_id(c)
-    }
+    return {grading._grade_id(c): c for c in executed.cells if grading._grade_id(c)}
 
 
 def _course_timeout() -> int:

@@ -728,11 +728,17 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
 
 
 def _relay_native_output(workers: list[_Worker], show_output: bool) -> None:
-    """Print what each rank's native code wrote to stderr, labelled by rank."""
+    """Pass on what each rank's native code wrote to stderr, labelled by rank, to this
+    process's own file descriptor 2, where it went before workers had a file of their own:
+    a terminal shows it, a notebook kernel logs it (it is not a cell's stderr, which
+    nbgrader would count as a failed test). A dead rank's lines also go into its RankError."""
     for rank, worker in enumerate(workers):
         text = worker.native_output()
         if text and show_output:
-            _print_rank_output(rank, "stderr", text if text.endswith("\n") else text + "\n")
+            lines = text if text.endswith("\n") else text + "\n"
+            labelled = "".join(f"[rank {rank}] {line}" for line in lines.splitlines(keepends=True))
+            with contextlib.suppress(OSError):
+                os.write(2, labelled.encode("utf-8", errors="replace"))
 
 
 def _timeout_error(workers: list[_Worker], pending: set[int], timeout: float):

@@ -268,3 +268,20 @@ def test_after_too_many_deaths_the_cells_left_score_nothing():
     executor._give_up(nbformat.v4.new_notebook(cells=cells), start=1)
     assert determine_grade(cells[1]) == (0, 2)
     assert cells[1].outputs[0].evalue == "not run: the kernel died 3 times before this cell"
+
+
+def test_a_test_cell_that_writes_to_stderr_loses_its_points_and_says_why():
+    """nbgrader scores a test cell 0 when it writes to stderr; both grading paths say so."""
+    import nbformat as nbf
+
+    from distlab.grading_slice import _score
+
+    outputs = [{"output_type": "stream", "name": "stderr", "text": "UserWarning: something\n"}]
+    assert grading._failure(outputs).startswith("the test cell wrote to stderr")
+    cell = nbf.v4.new_code_cell("pass")
+    cell.metadata = {"nbgrader": {"grade": True, "grade_id": "t", "points": 2, "locked": True}}
+    cell.outputs = [nbf.from_dict(o) for o in outputs]
+    score = _score(cell, {"t": cell})
+    assert (score.points, score.max_points) == (0.0, 2.0) and "UserWarning" in score.failure
+    cell.outputs = []
+    assert _score(cell, {"t": cell}).points == 2.0
