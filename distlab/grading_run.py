@@ -56,6 +56,9 @@ def signals_raise():
     def handler(signum, frame):
         for stop in STOP_SIGNALS:
             signal.signal(stop, signal.SIG_IGN)
+        if _held:  # inside signals_held: raised when the block ends, not now
+            _held[-1].append(signum)
+            return
         raise Interrupted(signum)
 
     if threading.current_thread() is not threading.main_thread():
@@ -69,17 +72,30 @@ def signals_raise():
             signal.signal(stop, action)
 
 
+_held: list[list[int]] = []  # one list per open signals_held block: the signals it held back
+
+
 @contextlib.contextmanager
 def signals_held():
-    """Hold SIGINT, SIGTERM and SIGHUP back within the block; they arrive after it."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    """Hold SIGINT, SIGTERM and SIGHUP back within the block; they arrive after it.
+
+    Two locks, because blocking a signal in this thread does not stop the kernel from
+    delivering it to another thread of the process (a library's helper thread): the mask
+    holds back signals aimed at this thread, and :func:`signals_raise`'s handler, which
+    always runs in the main thread, records a signal that arrives anyway and it is
+    raised as :class:`Interrupted` once the block is done.
+    """
+    masked = hasattr(signal, "pthread_sigmask")
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if masked else None
+    _held.append([])
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        pending = _held.pop()
+        if masked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if pending:
+        raise Interrupted(pending[0])
 
 
 def run_contained(
