@@ -30,6 +30,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from distlab.grading import _grade_id, _is_graded
 from distlab.grading_slice import cell_names, needed_cells
 
 
@@ -44,15 +45,6 @@ class Verdict:
     @property
     def caught(self) -> bool:
         return bool(self.failed)
-
-
-def _grade_id(cell) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-
-
-def _is_test(cell) -> bool:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    return bool(meta.get("grade")) and cell.get("cell_type") == "code"
 
 
 def depends_on(sources: list[str], start: int) -> set[int]:
@@ -83,7 +75,7 @@ def plan(source_nb, solution_id: str) -> MutationPlan:
     sources = [c.source for c in cells]
     solution = next(i for i, c in enumerate(cells) if _grade_id(c) == solution_id)
     dependent = depends_on(sources, solution)
-    tests = [i for i in sorted(dependent) if _is_test(cells[i])]
+    tests = [i for i in sorted(dependent) if _is_graded(cells[i])]
     if not tests:
         raise ValueError(f"no graded test cell uses what solution cell {solution_id!r} defines")
     needed = needed_cells(sources, tests)

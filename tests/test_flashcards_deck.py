@@ -140,12 +140,20 @@ def test_the_one_question_heuristic(q, a, checks, flagged):
     assert bool(asks_more_than_one_thing(card)) is flagged, asks_more_than_one_thing(card)
 
 
+def _assert_no_card_flagged(check, what: str) -> None:
+    """Fail listing every card for which ``check`` returns reasons, each with its reasons."""
+    flagged = {c.slug: check(c) for c in DECK}
+    flagged = {slug: why for slug, why in flagged.items() if why}
+    assert not flagged, f"{what}:\n" + "\n".join(
+        f"{slug}: {', '.join(why)}" for slug, why in flagged.items()
+    )
+
+
 def test_every_card_asks_one_thing():
     assert DECK is not None, DECK_ERROR
-    flagged = {c.slug: asks_more_than_one_thing(c) for c in DECK}
-    flagged = {slug: why for slug, why in flagged.items() if why}
-    assert not flagged, "cards that ask more than one thing (split them, or make them cloze):\n" + (
-        "\n".join(f"{slug}: {', '.join(why)}" for slug, why in flagged.items())
+    _assert_no_card_flagged(
+        asks_more_than_one_thing,
+        "cards that ask more than one thing (split them, or make them cloze)",
     )
 
 
@@ -190,8 +198,6 @@ def test_the_first_taught_rule_flags_a_misfiled_card():
 
 def test_no_card_asks_about_a_later_notebook():
     assert DECK is not None, DECK_ERROR
-    early = {c.slug: filed_too_early(c) for c in DECK}
-    early = {slug: why for slug, why in early.items() if why}
-    assert not early, "cards filed before the notebook that teaches their subject:\n" + (
-        "\n".join(f"{slug}: {', '.join(why)}" for slug, why in early.items())
+    _assert_no_card_flagged(
+        filed_too_early, "cards filed before the notebook that teaches their subject"
     )
