@@ -13,9 +13,17 @@ One launch per world size returns, for the tests below to read:
 * **mixed precision**: bf16 and fp16 (dynamic loss scale) MLP runs of FSDP
   with a ``MixedPrecisionPolicy`` (fp32 masters of the shards in the
   ``MixedPrecisionOptimizer``), DDP and single-process training with the
-  same recipe: parameters, which steps were skipped, memory, bytes sent.
+  same recipe (masters from the fp32 weights): parameters, which steps were
+  skipped, memory, bytes sent.
 * **overflow agreement**: an inf placed in one rank's gradient shard only.
-* **gradients by name and clipping** on the GPT (tied embedding).
+* **gradients by name and clipping** on the GPT (tied embedding), through
+  ``named_gradients()`` and through each parameter's ``.grad`` after
+  ``gather_gradients()`` (clipping by hand with torch's own function).
+* **fidelity to PyTorch's FSDP2** (issue 28), on an MLP whose first layer
+  looks trained (weights of size 2 to 4, where one float16 ulp is 2^-9):
+  fp16 masters start from the fp32 weights the model was wrapped with, fp32
+  and fp16 FSDP track a single-process fp32 run, and a plain torch optimizer
+  on float16 shards is refused.
 
 Tolerances are the data-parallel tests' (``test_parallel_methods``):
 ``rtol=1e-5, atol=1e-6`` in fp32, the mean weight difference below lr / 10
@@ -42,6 +50,9 @@ LR = 1e-2
 FP16_INIT_SCALE = 2.0**20  # steps 1 and 4 overflow fp16 (the scale doubles after 2 good steps)
 CLIP = 0.01  # far below the gradient norms: clipping really scales
 NORM_TYPES = (2.0, math.inf, 1.0)
+FIDELITY_STEPS = 3
+FIDELITY_LR = 0.05
+FP16_ULP_AT_2 = 2.0**-9  # float16 spacing between 2 and 4 (10 stored mantissa bits)
 
 
 def _models():
@@ -127,8 +138,11 @@ def _mixed_runs(world_size):
                 reduce_dtype = torch.float32 if name == "fsdp_reduce_fp32" else None
                 policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
                 trainer = T.build("fsdp", MLP(seed=1), mixed_precision=policy, **options)
-            else:  # the same recipe by hand: cast the model, fp32 masters in the optimizer
+            else:  # the same recipe by hand: cast the model, fp32 masters in the optimizer,
                 trainer = T.build(name, MLP(seed=1).to(dtype), **options)
+                with torch.no_grad():  # starting from the fp32 weights, as FSDP's do
+                    for master, weight in zip(trainer.optimizer.masters, MLP(seed=1).parameters()):
+                        master.copy_(weight)
             skipped, sent = [], []
             for step in range(MIXED_STEPS):
                 scaler = getattr(trainer.optimizer, "loss_scaler", None)
@@ -211,6 +225,8 @@ def _single_process_gradients(world_size):
 
 def _gradients_and_clipping(rank, world_size):
     """Per-name gradient pieces after backward, then after clip_grad_norm_."""
+    import torch
+
     from distlab.models import GPT, GPTBlock, GPTConfig, gpt_batch
     from distlab.parallel import FSDP, shard_batch
     from distlab.parallel import training as T
@@ -228,6 +244,18 @@ def _gradients_and_clipping(rank, world_size):
     out["module_grads"] = [p.grad for p in fsdp.module.parameters()]
     out["grads"] = {
         name: (fsdp.shard_range(name), g.clone()) for name, g in fsdp.named_gradients().items()
+    }
+    # torch-style per-parameter code: full gradients in .grad, clipped by torch's function
+    fsdp.gather_gradients()
+    out["full_grads"] = {n: p.grad.flatten().clone() for n, p in fsdp.module.named_parameters()}
+    torch.nn.utils.clip_grad_norm_(fsdp.module.parameters(), CLIP)
+    out["clipped_by_hand"] = {
+        n: (fsdp.shard_range(n), g.clone()) for n, g in fsdp.named_gradients().items()
+    }
+    fsdp(local[0])  # the next forward drops the full gradients, keeps this rank's part
+    out["grads_after_forward"] = [p.grad for p in fsdp.module.parameters()]
+    out["shard_grads_after_forward"] = {
+        n: (fsdp.shard_range(n), g.clone()) for n, g in fsdp.named_gradients().items()
     }
     for norm_type in NORM_TYPES:
         backward()
@@ -252,6 +280,67 @@ def _gradients_and_clipping(rank, world_size):
     return out
 
 
+def _trained_mlp():
+    """MLP(seed=1) whose first layer looks trained to large values: weights of size 2 to 4,
+    where one float16 ulp is 2^-9 (rounding them to float16 moves them by up to 9.8e-4)."""
+    import torch
+
+    from distlab.models import MLP
+
+    model = MLP(seed=1)
+    weight = model.layers[0].weight
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        weight.copy_(weight.sign() * (2 + 2 * torch.rand(weight.shape, generator=generator)))
+    return model
+
+
+def _fidelity(rank, world_size):
+    """fp32 and fp16 FSDP with SGD, the weights after wrapping and after each step; a
+    single-process fp32 run of the ranks' parts as micro-batches; a plain torch optimizer
+    on float16 shards."""
+    import torch
+
+    from distlab.models import mlp_batch
+    from distlab.parallel import FSDP, shard_batch
+    from distlab.parallel import training as T
+    from distlab.parallel.checkpoint import full_state
+
+    out = {"original": {n: p.detach().clone() for n, p in _trained_mlp().named_parameters()}}
+    policies = {"fp32": None, "fp16": MixedPrecisionPolicy(param_dtype=torch.float16)}
+    for name, policy in policies.items():
+        options = {"optimizer_class": torch.optim.SGD, "lr": FIDELITY_LR}
+        trainer = T.build("fsdp", _trained_mlp(), mixed_precision=policy, **options)
+        states = [full_state(trainer.model, trainer.optimizer)["params"]]
+        for step in range(FIDELITY_STEPS):
+            T.train_step(trainer, mlp_batch(BATCH, seed=step), T.mse_loss)
+            states.append(full_state(trainer.model, trainer.optimizer)["params"])
+        out[name] = states
+    if rank == 0:
+        model = _trained_mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=FIDELITY_LR)
+        states = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+        for step in range(FIDELITY_STEPS):
+            optimizer.zero_grad()
+            for r in range(world_size):
+                piece = shard_batch(mlp_batch(BATCH, seed=step), r, world_size)
+                (T.mse_loss(model, piece) / world_size).backward()
+            optimizer.step()
+            states.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        out["reference"] = states
+    fsdp = FSDP(_trained_mlp(), mixed_precision=policies["fp16"])
+    plain = torch.optim.SGD(fsdp.parameters(), lr=FIDELITY_LR)
+    before = [p.detach().clone() for p in fsdp.parameters()]
+    T.mse_loss(fsdp, shard_batch(mlp_batch(BATCH), rank, world_size)).backward()
+    try:
+        plain.step()
+        out["plain_step"] = "stepped"
+    except RuntimeError as error:
+        out["plain_step"] = str(error)
+    out["plain_unchanged"] = all(torch.equal(p, q) for p, q in zip(fsdp.parameters(), before))
+    return out
+
+
 def _worker(rank, world_size):
     import torch
 
@@ -261,6 +350,7 @@ def _worker(rank, world_size):
         "mixed": _mixed_runs(world_size),
         "overflow": _overflow_on_one_rank(rank, world_size),
         "named": _gradients_and_clipping(rank, world_size),
+        "fidelity": _fidelity(rank, world_size),
     }
 
 
@@ -442,17 +532,40 @@ def _whole(per_rank, name, pieces):
 def test_gradients_by_name_after_backward(results, world_size):
     """Every parameter name (the tied embedding once) has its gradient shard; the
     ranks' pieces tile each flattened gradient and equal single-process gradients
-    (bit for bit on one and two ranks). The wrapped module's .grad stays None."""
+    (bit for bit on one and two ranks). The wrapped module's .grad stays None until
+    gather_gradients() fills it with the full gradient, by name, on every rank."""
     per_rank = results(world_size)
     reference = per_rank[0]["named"]["reference"]["grads"]
     for rank_result in per_rank:
         assert rank_result["named"]["module_grads"] == [None] * len(reference)
         assert rank_result["named"]["grads"].keys() == reference.keys()
+        assert rank_result["named"]["full_grads"].keys() == reference.keys()
     for name, grad in reference.items():
         whole = _whole(per_rank, name, lambda r: r["named"]["grads"])
         if world_size <= 2:
             assert torch.equal(whole, grad), name
         torch.testing.assert_close(whole, grad, rtol=1e-5, atol=1e-7)
+        for rank_result in per_rank:  # .grad after gather_gradients: the same full gradient
+            assert torch.equal(rank_result["named"]["full_grads"][name], whole), name
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_clipping_the_full_gradients_by_hand_reaches_the_shards(results, world_size):
+    """torch.nn.utils.clip_grad_norm_ on the wrapped module's .grad after gather_gradients()
+    (every rank sees the same full gradients, so the same norm) scales what the optimizer
+    steps exactly as FSDP's own clip_grad_norm_ does. The next forward drops the full
+    gradients again and keeps this rank's clipped part."""
+    per_rank = results(world_size)
+    _, reference = per_rank[0]["named"]["reference"][2.0]
+    for name, grad in reference.items():
+        by_hand = _whole(per_rank, name, lambda r: r["named"]["clipped_by_hand"])
+        kept = _whole(per_rank, name, lambda r: r["named"]["shard_grads_after_forward"])
+        ours = _whole(per_rank, name, lambda r: r["named"]["clipped"][2.0][1])
+        torch.testing.assert_close(by_hand, grad, rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(by_hand, ours, rtol=1e-6, atol=1e-9)
+        assert torch.equal(kept, by_hand), name
+    for rank_result in per_rank:
+        assert rank_result["named"]["grads_after_forward"] == [None] * len(reference)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -477,3 +590,51 @@ def test_bad_clipping_and_policy_arguments_name_the_value(results):
     assert "got '1'" in errors[2]
     assert "no trainable parameter 'no.such.weight'" in errors[3]
     assert "mixed_precision must be a MixedPrecisionPolicy or None, got 'bf16'" in errors[4]
+
+
+# ------------------------------------------------- fidelity to FSDP2 ----
+def _max_gap(a: dict, b: dict) -> float:
+    return _max_difference(a, b)
+
+
+def test_fp16_masters_start_from_the_weights_fsdp_was_given(results):
+    """Issue 28 (1): the fp32 masters are the original fp32 weights, bit for bit (FSDP2
+    keeps them as its sharded parameters). Casting first and taking the masters from the
+    float16 copy moved the weights of size 2 to 4 by up to half an ulp, 2^-10 = 9.8e-4."""
+    for rank_result in results(2):
+        fidelity = rank_result["fidelity"]
+        start = fidelity["fp16"][0]
+        assert all(v.dtype == torch.float32 for v in start.values())
+        assert _same(start, fidelity["original"]), _max_gap(start, fidelity["original"])
+        rounded = {n: v.half().float() for n, v in fidelity["original"].items()}
+        assert _max_gap(rounded, fidelity["original"]) > FP16_ULP_AT_2 / 4  # has teeth
+
+
+def test_fp32_and_fp16_fsdp_track_a_single_process_fp32_run(results):
+    """2 ranks, SGD, the first layer's weights of size 2 to 4. fp32 FSDP equals the
+    single-process run (the two ranks' halves as two micro-batches) bit for bit after
+    every step. fp16 FSDP starts equal and then differs only by float16 compute: after
+    each step, by less than 2^-8 of how far the weights have moved (a few float16
+    roundings of the update), far below the 9.8e-4 of a master made from float16."""
+    per_rank = results(2)
+    reference = per_rank[0]["fidelity"]["reference"]
+    moved = [_max_gap(state, reference[0]) for state in reference]
+    assert moved[-1] > 10 * FP16_ULP_AT_2  # the steps move the weights by many ulps
+    for rank_result in per_rank:
+        fidelity = rank_result["fidelity"]
+        for step, want in enumerate(reference):
+            assert _same(fidelity["fp32"][step], want), step
+            gap = _max_gap(fidelity["fp16"][step], want)
+            assert gap <= 2.0**-8 * moved[step], (step, gap, moved[step])
+            assert gap < FP16_ULP_AT_2 / 4, (step, gap)
+
+
+def test_a_torch_optimizer_on_float16_shards_is_refused(results):
+    """Issue 28 (3): torch.optim.SGD(fsdp.parameters()) on a model wrapped with
+    param_dtype=float16 would update the float16 shards with no fp32 master (updates
+    below half an ulp round away); its step raises, naming what to build instead."""
+    for rank_result in results(2):
+        message = rank_result["fidelity"]["plain_step"]
+        assert "no fp32 master" in message and "MixedPrecisionOptimizer" in message, message
+        assert "torch.float16" in message and "SGD" in message, message
+        assert rank_result["fidelity"]["plain_unchanged"]

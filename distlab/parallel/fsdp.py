@@ -43,14 +43,37 @@ Per rank that is the ``mixed_adam`` recipe at ZeRO stage 3:
 optimizer asks :meth:`FSDP.any_rank` whether any rank overflowed: all ranks
 skip the same steps.
 
-**Gradients by name.** The wrapped module's ``param.grad`` stays ``None``
-(its full weights are freed); after backward, :meth:`FSDP.named_gradients`
-maps each parameter name to this rank's part of its gradient (a 1-D view
-into the shard's gradient, elements :meth:`FSDP.shard_range` of the
-flattened parameter; empty where the rank owns none), like FSDP2's sharded
-gradients. :meth:`FSDP.clip_grad_norm_` clips across the shards: each rank
-adds up its own part of the norm, one all-gather shares the K partial sums,
-and every rank scales its gradients by the same factor.
+Two rules keep this equal to PyTorch's FSDP2, whose sharded parameters stay
+fp32 and are cast to ``param_dtype`` only for the all-gather:
+
+* the masters start from the **weights FSDP was given**, not from their
+  16-bit rounding. Before casting, FSDP keeps this rank's fp32 shard of the
+  original weights; the first ``MixedPrecisionOptimizer`` built on the model
+  takes them (:meth:`FSDP.take_fp32_shards`). A weight of size 2 to 4 would
+  otherwise start up to half a float16 ulp (2^-10, 9.8e-4) away.
+* a plain torch optimizer on the 16-bit shards of a policy-cast model is
+  **refused** at its ``step()`` (a ``RuntimeError``): it would update them
+  with no fp32 master, and updates below half an ulp would round away. (A
+  model you cast yourself and wrap with no policy trains its 16-bit shards
+  directly, the ``bf16_adam`` recipe, on purpose.)
+
+**Gradients by name.** After backward the wrapped module's ``param.grad``
+is ``None`` (its full weights are freed) and two forms give the gradients:
+
+* :meth:`FSDP.named_gradients` maps each parameter name to this rank's part
+  of its gradient (a 1-D view into the shard's gradient, elements
+  :meth:`FSDP.shard_range` of the flattened parameter; empty where the rank
+  owns none), like FSDP2's sharded gradients;
+* :meth:`FSDP.gather_gradients` (collective) all-gathers them, so that every
+  wrapped parameter's ``.grad`` holds its full gradient, on every rank, as
+  with DDP: code written for ``param.grad`` (clipping by hand, gradient
+  checks, logging per parameter) works unchanged, and what it writes into
+  ``.grad`` is what the optimizer steps. The full gradients cost Ψ elements
+  per rank until the next forward or ``zero_grad()`` drops them.
+
+:meth:`FSDP.clip_grad_norm_` clips across the shards without gathering: each
+rank adds up its own part of the norm, one all-gather shares the K partial
+sums, and every rank scales its gradients by the same factor.
 
 **Bitwise parity.** In fp32 on two ranks FSDP's parameters equal DDP's bit
 for bit, and both equal single-process training that takes the two ranks'
@@ -73,12 +96,13 @@ from concurrent.futures import Future
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .buckets import ReadyInOrder
 from .comm import Collectives, CommThread, broadcast_module_state
 from .flat import FlatGroup, named_parameter_index
 from .memory import storage_bytes
-from .mixed_precision import MixedPrecisionPolicy
+from .mixed_precision import LOW_PRECISION, MixedPrecisionPolicy
 
 WRAP_POLICIES = ("layer", "model")
 
@@ -125,6 +149,35 @@ def _cast_parameters(module: nn.Module, dtype: torch.dtype | None) -> torch.dtyp
     return dtypes.pop()
 
 
+def _refuse_stepping_shards_without_master(optimizer, args, kwargs) -> None:
+    """A global ``torch.optim`` step pre-hook: refuse to step a 16-bit FSDP shard directly.
+
+    FSDP marks the shards of a model it cast to a 16-bit ``param_dtype``
+    (``shard.fsdp_param_dtype``); a ``MixedPrecisionOptimizer`` steps fp32
+    masters instead, which carry no mark.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            dtype = getattr(p, "fsdp_param_dtype", None)
+            if dtype is not None:
+                raise RuntimeError(
+                    f"{type(optimizer).__name__} would step the {dtype} shards of "
+                    f"FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype={dtype})) with no "
+                    "fp32 master: updates below half an ulp would round away. Build "
+                    f"MixedPrecisionOptimizer(fsdp, {type(optimizer).__name__}, ...) instead; "
+                    "its fp32 masters start from the weights FSDP was given"
+                )
+
+
+_step_guard = None  # the handle of the hook above, registered by the first 16-bit FSDP
+
+
+def _guard_optimizer_steps() -> None:
+    global _step_guard
+    if _step_guard is None:
+        _step_guard = register_optimizer_step_pre_hook(_refuse_stepping_shards_without_master)
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -162,7 +215,13 @@ class _Unit:
         self.shard = nn.Parameter(self.group.shard_of(self.full).clone())
         self.full_bytes = self.full.numel() * self.full.element_size()
         self.pending: Future | None = None  # a prefetched all-gather
+        self.full_grad: torch.Tensor | None = None  # gathered by FSDP.gather_gradients
         self.free()
+
+    def fp32_shard(self, originals: dict[int, torch.Tensor]) -> torch.Tensor:
+        """This rank's shard of ``originals`` (``id(param) -> its fp32 weights``), padded."""
+        flat = self.group.flatten([originals[id(p)] for p in self.params], dtype=torch.float32)
+        return self.group.shard_of(flat).clone()
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -208,10 +267,19 @@ class FSDP(nn.Module):
         self.module = module
         self.comm = Collectives(algorithm, group)
         broadcast_module_state(module, self.comm)
+        low_precision = mixed_precision.param_dtype in LOW_PRECISION
+        originals = {}  # the weights as given, before the cast: where the masters start
+        if low_precision:
+            originals = {id(p): p.detach().float().clone() for p in module.parameters()}
         self.param_dtype = _cast_parameters(module, mixed_precision.param_dtype)
         self.reduce_dtype = mixed_precision.reduce_dtype or self.param_dtype
         self.prefetch = prefetch
         self.units = self._build_units(choose_units(module, wrap))
+        self._fp32_shards = [u.fp32_shard(originals) for u in self.units] if originals else None
+        if low_precision:
+            for unit in self.units:
+                unit.shard.fsdp_param_dtype = self.param_dtype
+            _guard_optimizer_steps()
         for unit in self.units:
             unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
             unit.module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
@@ -320,7 +388,11 @@ class FSDP(nn.Module):
 
     # ------------------------------------------------------------- module ----
     def forward(self, *args, **kwargs):
-        """The module's forward; floating-point tensor inputs are cast to the weights' dtype."""
+        """The module's forward; floating-point tensor inputs are cast to the weights' dtype.
+
+        Full gradients from :meth:`gather_gradients` are dropped first (this rank keeps
+        its part), so a next backward accumulates into the shards, not into them."""
+        self._drop_full_gradients()
         args = tuple(self._cast_input(a) for a in args)
         kwargs = {k: self._cast_input(v) for k, v in kwargs.items()}
         return self.module(*args, **kwargs)
@@ -351,16 +423,63 @@ class FSDP(nn.Module):
     def after_load(self) -> None:
         """Nothing to do: the shards are the parameters (checkpoint loading hook)."""
 
+    def take_fp32_shards(self) -> list[torch.Tensor] | None:
+        """This rank's fp32 shards of the weights FSDP was given, one per unit, in the order
+        of ``parameters()``; ``None`` without a 16-bit ``param_dtype`` or once taken.
+
+        A :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer` built on the
+        model starts its masters from them; FSDP then lets go of them."""
+        shards, self._fp32_shards = self._fp32_shards, None
+        return shards
+
     def model_state_tensors(self) -> dict[str, list]:
-        """Shards (and any gathered units) and their gradients (see :mod:`distlab.parallel.memory`)."""
+        """Shards (and any gathered units), their gradients (full ones if gathered) and the
+        fp32 shards no optimizer has taken yet (see :mod:`distlab.parallel.memory`)."""
         return {
             "parameters": [u.shard for u in self.units] + [u.full for u in self.units],
-            "gradients": [u.shard.grad for u in self.units],
+            "gradients": [u.shard.grad for u in self.units] + [u.full_grad for u in self.units],
+            "optimizer_states": list(self._fp32_shards or []),
         }
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._drop_full_gradients()
         for unit in self.units:
             unit.shard.grad = None
+
+    # ------------------------------------------------------ full gradients ----
+    @torch.no_grad()
+    def gather_gradients(self) -> None:
+        """Put each wrapped parameter's full gradient in its ``.grad``, on every rank.
+
+        Collective, after backward: one all-gather of each unit's gradient shards
+        (the gradient of the rank-averaged loss: what single-process training on the
+        global batch computes, in the shards' dtype and, for fp16, still times the
+        loss scale). Every ``.grad`` is a view into the gathered flat gradient, and
+        this rank's shard gradient is its own slice of it, so writing ``.grad``
+        (``torch.nn.utils.clip_grad_norm_(fsdp.module.parameters(), ...)``, the same
+        on every rank) changes what the optimizer steps. They hold Ψ elements per
+        rank until the next forward or :meth:`zero_grad`.
+        """
+        for unit in self.units:
+            if unit.shard.grad is None or unit.full_grad is not None:
+                continue
+            grad = unit.shard.grad
+            full = torch.empty(unit.group.padded_numel, dtype=grad.dtype, device=grad.device)
+            self.comm.all_gather(full, grad)
+            unit.full_grad = full
+            unit.shard.grad = unit.group.shard_of(full)
+            for p, view in zip(unit.params, unit.group.views(full)):
+                p.grad = view
+
+    def _drop_full_gradients(self) -> None:
+        """Undo :meth:`gather_gradients`: keep this rank's part (a copy), free the rest."""
+        for unit in self.units:
+            if unit.full_grad is None:
+                continue
+            unit.shard.grad = unit.shard.grad.clone()
+            for p in unit.params:
+                p.grad = None
+            unit.full_grad = None
 
     # ---------------------------------------------------- sharded gradients ----
     def any_rank(self, flag: bool) -> bool:
@@ -429,6 +548,8 @@ class FSDP(nn.Module):
         self.comm.all_gather(parts, local.reshape(1))
         total = parts.max() if p == float("inf") else parts.sum() ** (1.0 / p)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coefficient.to(g.dtype))
+        for unit in self.units:  # a gathered gradient scales whole, its shard slice included
+            g = unit.shard.grad if unit.full_grad is None else unit.full_grad
+            if g is not None:
+                g.mul_(coefficient.to(g.dtype))
         return total

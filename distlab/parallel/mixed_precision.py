@@ -58,7 +58,9 @@ class MixedPrecisionPolicy:
     * ``param_dtype``: the dtype of the sharded and gathered weights, so of
       the forward and backward compute (``None``: keep the model's dtype).
       FSDP casts the model's weights to it once, like ``model.to(dtype)``;
-      the fp32 masters live in the :class:`MixedPrecisionOptimizer`.
+      the fp32 masters live in the :class:`MixedPrecisionOptimizer`, and
+      start from the fp32 weights FSDP was given (it keeps their shards
+      until the optimizer takes them), not from their 16-bit rounding.
     * ``reduce_dtype``: the dtype gradients are summed in by the
       reduce-scatter (``None``: ``param_dtype``). fp32 rounds once, at the
       end, instead of after every addition; the shard's gradient is then
@@ -176,8 +178,19 @@ class MixedPrecisionOptimizer:
         self.loss_scaler = loss_scaler
         # a model whose gradients are sharded (FSDP) says whether any rank overflowed
         self._any_rank = getattr(model, "any_rank", None)
-        self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
+        self.masters = [nn.Parameter(w.float().clone()) for w in self._master_start(model)]
         self.optimizer = optimizer_class(self.masters, **optimizer_kwargs)
+
+    def _master_start(self, model: nn.Module) -> list[torch.Tensor]:
+        """Where the masters start: the fp32 weights FSDP kept from before its cast (so no
+        low bits are lost), else the model's 16-bit weights."""
+        take = getattr(model, "take_fp32_shards", None)
+        kept = take() if take is not None else None
+        if kept is None:
+            return [p.detach() for p in self.params]
+        if [w.shape for w in kept] != [p.shape for p in self.params]:
+            raise ValueError("the model's fp32 shards do not match its trainable parameters")
+        return kept
 
     @property
     def scale(self) -> float:
