@@ -11,7 +11,7 @@ against the built-in at 64 MiB (target >= 0.9x), and tree against ring at
 
 import argparse
 
-from distlab.collectives.bench import ALGORITHMS, print_table, run_bench
+from distlab.commands.bench import ALGORITHMS, print_table, run_bench
 
 
 def main() -> None:

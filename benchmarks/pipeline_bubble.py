@@ -14,7 +14,7 @@ over ranks):
 
 * formula: :func:`distlab.calc.pipeline.bubble_fraction` (T_F = T_I = T_W for ZB-H1);
 * simulated: the schedule replayed with the per-stage action times measured
-  in the run (:func:`distlab.calc.pipeline_replay.replay`);
+  in the run (:func:`distlab.sim.pipeline_replay.replay`);
 * measured: the real run's timeline (the last of ``--steps`` steps).
 
 Targets: measured within 3 percentage points of the formula for GPipe, 1F1B
@@ -28,8 +28,8 @@ from collections import defaultdict
 
 import distlab
 from distlab.calc.pipeline import bubble_fraction
-from distlab.calc.pipeline_replay import replay
-from distlab.calc.pipeline_schedule import build
+from distlab.sim.pipeline_replay import replay
+from distlab.core.pipeline_schedule import build
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 

@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from distlab.calc.units import format_size
+from distlab.core.units import format_size
 from distlab.progress import progress_bar
 from distlab.sim.fit import compare, fit_alpha_beta, load_records, record_model, select
 
@@ -34,8 +34,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     """Run the bench ``--repeat`` times per (collective, world size), keep each
     point's fastest time (other processes on the machine only ever add time),
     and save as it goes."""
-    from distlab.calc.units import size_range
-    from distlab.collectives.bench import run_bench
+    from distlab.core.units import size_range
+    from distlab.commands.bench import run_bench
 
     records: list[dict] = []
     collectives = args.collectives.split(",")

@@ -27,7 +27,7 @@ import argparse
 import statistics
 
 import distlab
-from distlab.calc.units import format_bytes
+from distlab.core.units import format_bytes
 
 METHODS = ("dense", "TP", "TP+SP", "CP", "CP contig")
 

@@ -106,7 +106,7 @@ def benchmark_rows(
 
 
 def format_rows(rows: list[tuple]) -> str:
-    from distlab.calc.units import format_bytes
+    from distlab.core.units import format_bytes
 
     header = ("layout", "procs", "step ms", "param+grad+opt/rank", "peak act/rank",
               "peak RSS/proc", "sent/rank/step")  # fmt: skip

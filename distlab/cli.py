@@ -7,16 +7,18 @@ and sets ``func`` on the parsed arguments; this file only wires them up.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# module path -> registers these subcommands
+from distlab import grading
+from distlab.commands import bench, calc, placement, sim
+
+# each registers these subcommands
 COMMAND_MODULES = [
-    "distlab.collectives.bench",  # distlab bench
-    "distlab.sim.commands",  # distlab sim
-    "distlab.placement.commands",  # distlab place, distlab schedule
-    "distlab.calc.commands",  # distlab memory, distlab bubble, distlab plan
-    "distlab.grading",  # distlab grade
+    bench,  # distlab bench
+    sim,  # distlab sim
+    placement,  # distlab place, distlab schedule
+    calc,  # distlab memory, distlab bubble, distlab plan
+    grading,  # distlab grade
 ]
 
 
@@ -27,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 

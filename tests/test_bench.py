@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from distlab.calc.units import format_size, parse_size, size_range
+from distlab.core.units import format_size, parse_size, size_range
 from distlab.cli import main
-from distlab.collectives.bench import DEFAULT_SIZES
+from distlab.commands.bench import DEFAULT_SIZES
 from distlab.sim.bandwidth import busbw_factor
 
 

@@ -13,7 +13,7 @@ import pytest
 matplotlib.use("Agg")
 
 from distlab.calc import pipeline
-from distlab.calc.commands import standalone_parser
+from distlab.commands.calc import standalone_parser
 from distlab.viz import calc_plots
 
 
@@ -139,7 +139,9 @@ def test_bad_number_is_refused_while_parsing(argv, match, capsys):
 def test_registered_in_the_distlab_command(capsys):
     from distlab.cli import COMMAND_MODULES
 
-    assert "distlab.calc.commands" in COMMAND_MODULES
+    from distlab.commands import calc
+
+    assert calc in COMMAND_MODULES
 
 
 def test_plots_return_figures():
@@ -158,7 +160,7 @@ def test_plots_return_figures():
 
 def test_import_distlab_calc_does_not_import_torch():
     code = (
-        "import sys, distlab.calc, distlab.calc.planner, distlab.calc.commands; "
+        "import sys, distlab.calc, distlab.calc.planner, distlab.commands.calc; "
         "bad = [m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -117,7 +117,7 @@ def test_bad_input(call, match):
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_comm_parts_count_what_the_ring_schedules_send(collective, k):
     """calc.comm's bytes and messages equal the ring schedule's, rank by rank (as sim.cost is)."""
-    from distlab.collectives.registry import lookup
+    from distlab.sim.algorithms import lookup
 
     schedule = lookup("ring", collective).schedule(k)
     chunk = 1000  # bytes per chunk, so the payload divides evenly into k chunks

@@ -11,8 +11,8 @@ from distlab.calc.pipeline import (
     schedule_ops,
     zb_h1_bubble_time,
 )
-from distlab.calc.pipeline_replay import ScheduleError
-from distlab.calc.pipeline_schedule import Schedule
+from distlab.sim.pipeline_replay import ScheduleError
+from distlab.core.pipeline_schedule import Schedule
 
 
 def test_published_formulas():

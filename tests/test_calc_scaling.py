@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distlab.calc import scaling, units
+from distlab.calc import scaling
+from distlab.core import units
 
 
 def test_amdahl_and_gustafson():

@@ -79,11 +79,11 @@ def _cases():
 
 def _takes_number(program: str, command: str, option: str | None) -> bool:
     """Whether ``option`` is read as a number (argparse ``int``/``float`` or a
-    :func:`distlab.calc._validate.cli` type)."""
+    :func:`distlab.core.checks.cli` type)."""
     parser = _subparsers(PROGRAMS[program][0])[command]
     action = next((a for a in parser._actions if option in a.option_strings), None)
     kind = getattr(action, "type", None)
-    return kind in (int, float) or getattr(kind, "__module__", "") == "distlab.calc._validate"
+    return kind in (int, float) or getattr(kind, "__module__", "") == "distlab.core.checks"
 
 
 def base_options(program: str, command: str, option: str | None) -> list[str]:

@@ -10,7 +10,7 @@ import torch
 
 from distlab.collectives.executor import Chunks
 from distlab.collectives.pipelined import _overlap, segment_messages
-from distlab.collectives.registry import REGISTRY
+from distlab.sim.algorithms import REGISTRY
 
 
 def _pairwise(messages):

@@ -23,7 +23,7 @@ def _engines_worker(rank, n):
     import torch.distributed as dist
 
     from distlab.collectives.executor import DEFAULT_SEGMENT_BYTES, Chunks, execute
-    from distlab.collectives.registry import REGISTRY
+    from distlab.sim.algorithms import REGISTRY
 
     base = torch.arange(1, NUMEL + 1, dtype=torch.float64)
     mine = base * (rank + 1)
@@ -72,7 +72,7 @@ def _builtin_result(collective, mine, n, rank, n_chunks):
     import torch
     import torch.distributed as dist
 
-    from distlab.collectives.schedule import chunk_bounds
+    from distlab.core.collective_schedule import chunk_bounds
 
     x = mine.clone()
     if collective == "all_to_all":

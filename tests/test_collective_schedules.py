@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distlab.collectives import SCHEDULES, chunk_bounds
-from distlab.collectives.schedule import Schedule, Transfer, trace
+from distlab.core.collective_schedule import chunk_bounds
+from distlab.sim.algorithms import SCHEDULES
+from distlab.core.collective_schedule import Schedule, Transfer, trace
 
 SIZES = range(1, 17)
 

@@ -18,7 +18,8 @@ def _grid_worker(rank, world_size):
     import torch
     import torch.distributed as dist
 
-    from distlab.collectives import ALL_REDUCE, hierarchical_all_reduce
+    from distlab.collectives import hierarchical_all_reduce
+    from distlab.sim.algorithms import ALL_REDUCE
 
     algorithms = dict(ALL_REDUCE)
     algorithms["hierarchical_2"] = lambda t, op: hierarchical_all_reduce(t, op, ranks_per_node=2)

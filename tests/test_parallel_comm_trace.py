@@ -289,7 +289,7 @@ def test_zero_flat_groups_are_the_optimizers(zero_and_interleaved):
 def test_interleaved_sends_are_the_schedules(p, v, m):
     """three_d_comm's pp sends per stage = the SF and SB actions of the schedule
     distlab's executor runs (:func:`with_communication`)."""
-    from distlab.calc.pipeline_schedule import build, with_communication
+    from distlab.core.pipeline_schedule import build, with_communication
 
     schedule = with_communication(build("interleaved" if v > 1 else "1f1b", p, m, chunks=v))
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=p * v)

@@ -10,7 +10,7 @@ from torch import nn
 import distlab
 from distlab.parallel.mesh import MeshLayout
 from distlab.parallel.moe import MoE
-from distlab.placement.groups import coordinates
+from distlab.core.ranks import coordinates
 
 # dense degrees on 4 ranks; ep re-splits dp * cp
 CONFIGS = [

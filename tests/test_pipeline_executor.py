@@ -25,8 +25,8 @@ import torch
 import distlab
 from distlab.calc.memory import activation_bytes_per_layer
 from distlab.calc.pipeline import in_flight_micro_batches
-from distlab.calc.pipeline_replay import check
-from distlab.calc.pipeline_schedule import build
+from distlab.sim.pipeline_replay import check
+from distlab.core.pipeline_schedule import build
 from distlab.models import GPT, GPTConfig, gpt_batch
 
 CONFIG = GPTConfig(layers=6)  # 8 pipeline layers: embedding, 6 blocks, head

@@ -12,8 +12,8 @@ import pytest
 from torch import nn
 
 import distlab
-from distlab.calc.pipeline_replay import ScheduleError, check
-from distlab.calc.pipeline_schedule import Schedule, interleaved
+from distlab.sim.pipeline_replay import ScheduleError, check
+from distlab.core.pipeline_schedule import Schedule, interleaved
 from distlab.models import GPT, GPTConfig, gpt_batch
 
 CONFIG = GPTConfig(layers=2)

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from distlab.calc.pipeline import bubble_fraction
-from distlab.calc.pipeline_replay import ScheduleError, check, replay
-from distlab.calc.pipeline_schedule import (
+from distlab.sim.pipeline_replay import ScheduleError, check, replay
+from distlab.core.pipeline_schedule import (
     Action,
     Schedule,
     build,
@@ -24,7 +24,7 @@ ALL = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1)]
 
 def test_imports_without_torch():
     code = (
-        "import sys, distlab.calc.pipeline_schedule, distlab.calc.pipeline_replay, "
+        "import sys, distlab.core.pipeline_schedule, distlab.sim.pipeline_replay, "
         "distlab.calc.pipeline, distlab.sim.pipeline, distlab.viz.pipeline_plots; "
         "assert 'torch' not in sys.modules"
     )

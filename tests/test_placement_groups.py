@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distlab.placement import rank_groups
-from distlab.placement.groups import coordinates
+from distlab.core.ranks import coordinates
 
 
 def brute_force_groups(sizes: dict, order: list, members: list) -> list:

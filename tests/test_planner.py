@@ -197,7 +197,7 @@ def test_every_preset_gets_a_plan_and_mfu_stays_below_the_assumed_efficiency(nam
 @pytest.mark.parametrize("cluster_name,nodes", [("dgx-h100", 4), ("pcie-8gpu", 2), ("ethernet", 2)])
 def test_group_links_from_rank_groups(cluster_name, nodes):
     """sim's group link on placement's rank groups (lists and arrays) equals the block rule."""
-    from distlab.placement.groups import group_array, rank_groups
+    from distlab.core.ranks import group_array, rank_groups
     from distlab.sim.topology import group_link as sim_group_link
 
     cluster = preset(cluster_name, nodes=nodes)

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from distlab.calc.units import format_size, parse_size, size_range
-from distlab.sim import build_schedule, commands, preset, simulate
+from distlab.core.units import format_size, parse_size, size_range
+from distlab.commands import sim as commands
+from distlab.sim import build_schedule, preset, simulate
 
 
 def run_sim(argv, capsys):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from distlab.collectives.registry import REGISTRY
+from distlab.sim.algorithms import REGISTRY
 from distlab.sim import (
     algbw,
     all_reduce_lower_bound,

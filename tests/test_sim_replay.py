@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from distlab.collectives.schedule import Schedule, Transfer
+from distlab.core.collective_schedule import Schedule, Transfer
 from distlab.sim import build_schedule, crossover_size, preset, simulate
 from distlab.sim.replay import chunk_sizes_bytes
 from distlab.sim.topology import Link, shared_bus, uniform_cluster
@@ -182,7 +182,7 @@ def test_ring_replay_on_many_ranks():
 
 def test_simulator_never_imports_torch():
     code = (
-        "import sys, distlab.sim, distlab.sim.fit, distlab.sim.commands\n"
+        "import sys, distlab.sim, distlab.sim.fit, distlab.commands.sim\n"
         "from distlab.sim import build_schedule, simulate, crossover_size, preset\n"
         "for name in ('ring_all_reduce', 'hierarchical_shard_all_reduce', 'all_to_all'):\n"
         "    simulate(build_schedule(name, 16, ranks_per_node=8), preset('dgx-h100'), 4096)\n"

@@ -1,7 +1,7 @@
 """Calculators: the course's numbers, each from a formula that names its source.
 
 Pure Python, no torch: ``import distlab.calc`` is instant. Bytes, seconds and
-FLOPs throughout; :mod:`~distlab.calc.units` formats GB (1e9) and GiB (2^30).
+FLOPs throughout; :mod:`~distlab.core.units` formats GB (1e9) and GiB (2^30).
 
 * :mod:`~distlab.calc.memory`: model-state bytes per GPU for ZeRO stages 0-3
   (Rajbhandari et al. 2020), activation bytes per layer (Korthikanti et al.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import comm, flops, memory, pipeline, scaling, storage, transformer, units
+from . import comm, flops, memory, pipeline, scaling, storage, transformer
 
 __all__ = [
     "comm",
@@ -39,7 +39,6 @@ __all__ = [
     "scaling",
     "storage",
     "transformer",
-    "units",
 ]
 
 

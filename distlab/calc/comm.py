@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from distlab.core.checks import choice, divides, positive, positive_int
 from distlab.sim.cost import (
     ring_all_gather_cost,
     ring_all_reduce_cost,
@@ -34,8 +35,6 @@ from distlab.sim.cost import (
     tree_all_reduce_cost,
     tree_broadcast_cost,
 )
-
-from ._validate import choice, divides, positive, positive_int
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
 

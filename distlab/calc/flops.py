@@ -38,7 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._validate import choice, fraction, positive, positive_int
+from distlab.core.checks import choice, fraction, positive, positive_int
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 

@@ -19,15 +19,16 @@ Activations follow Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", Section 4, Table 2), in bytes per
 transformer layer with 16-bit activations; see :func:`activation_bytes_per_layer`.
 
-Everything is in bytes; divide by :data:`~distlab.calc.units.GB` (1e9, the
-papers' GB) or :data:`~distlab.calc.units.GiB` (2^30) to print.
+Everything is in bytes; divide by :data:`~distlab.core.units.GB` (1e9, the
+papers' GB) or :data:`~distlab.core.units.GiB` (2^30) to print.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._validate import choice, divides, positive, positive_int
+from distlab.core.checks import choice, divides, positive, positive_int
+
 from .pipeline import SCHEDULES, in_flight_micro_batches
 
 ZERO_STAGES = (0, 1, 2, 3)

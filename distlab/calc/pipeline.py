@@ -20,8 +20,8 @@ idle slots: the bubble per rank drops from (p-1)(T_F + T_I + T_W) to
 (p-1)(T_F + T_I - T_W) (:func:`zb_h1_bubble_time`), with 1F1B's memory.
 
 The schedules themselves are data, one type for the whole library
-(:mod:`distlab.calc.pipeline_schedule`): :func:`schedule_ops` builds one,
-:func:`replay` (:mod:`distlab.calc.pipeline_replay`) times it with dependencies, and the bubble counted from the
+(:mod:`distlab.core.pipeline_schedule`): :func:`schedule_ops` builds one,
+:func:`replay` (:mod:`distlab.sim.pipeline_replay`) times it with dependencies, and the bubble counted from the
 timeline equals the formulas here (the tests check it). GPipe keeps all m
 micro-batches' activations; 1F1B keeps at most p on the first stage
 (:func:`in_flight_micro_batches`).
@@ -29,9 +29,9 @@ micro-batches' activations; 1F1B keeps at most p on the first stage
 
 from __future__ import annotations
 
-from ._validate import choice, positive, positive_int
-from .pipeline_replay import Timeline, replay
-from .pipeline_schedule import GENERATORS, Schedule, build
+from distlab.core.checks import choice, positive, positive_int
+from distlab.core.pipeline_schedule import GENERATORS, Schedule, build
+from distlab.sim.pipeline_replay import Timeline, replay
 
 SCHEDULES = tuple(GENERATORS)  # "gpipe", "1f1b", "interleaved", "zb_h1"
 RELATIVE_TO = ("total", "ideal")
@@ -133,8 +133,8 @@ def _zb_needs_enough_micro_batches(p: int, m: int) -> None:
 def schedule_ops(
     stages: int, micro_batches: int, *, schedule: str = "1f1b", virtual_stages: int = 1
 ) -> Schedule:
-    """The :class:`~distlab.calc.pipeline_schedule.Schedule` these formulas describe
-    (``build`` from :mod:`distlab.calc.pipeline_schedule` with this module's argument names)."""
+    """The :class:`~distlab.core.pipeline_schedule.Schedule` these formulas describe
+    (``build`` from :mod:`distlab.core.pipeline_schedule` with this module's argument names)."""
     p, m, v = _check(stages, micro_batches, schedule, virtual_stages)
     return build(schedule, p, m, chunks=v)
 

@@ -21,7 +21,7 @@ time from first principles:
   a pessimistic bound).
 
 Each collective runs on the link its group uses. Ranks are numbered as
-Megatron-LM does (:mod:`distlab.placement.groups`: tp fastest, then dp, then
+Megatron-LM does (:mod:`distlab.core.ranks`: tp fastest, then dp, then
 pp) and fill nodes in order, so a group of ``size`` ranks ``stride`` apart
 stays inside one NVLink domain when stride x size divides the GPUs per domain;
 otherwise it crosses the network, where each GPU gets its share of the node's NICs.
@@ -43,15 +43,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from distlab.core.checks import divisors, fraction, positive, positive_int
+from distlab.core.units import GB, format_seconds
+
 from ..sim.topology import ClusterSpec, Link, network_link
 from ..sim.topology import group_link as topology_group_link
-from ._validate import divisors, fraction, positive, positive_int
 from .comm import data_parallel_comm, pipeline_parallel_comm, tensor_parallel_comm
 from .flops import model_flops_per_token, recompute_overhead
 from .memory import PeakMemory, get_recipe, peak_bytes
 from .pipeline import bubble_fraction
 from .transformer import ModelSpec, model_preset
-from .units import GB, format_seconds
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def group_link(cluster: ClusterSpec, *, stride: int, size: int) -> Link | None:
     """The link of groups of ``size`` ranks ``stride`` apart, tiling the cluster's ranks
     (blocks of ``stride x size`` consecutive ranks): :func:`distlab.sim.topology.group_link`
     on those groups. The planner itself passes the groups of
-    :func:`distlab.placement.groups.rank_groups`."""
+    :func:`distlab.core.ranks.rank_groups`."""
     span = stride * size
     world = max(cluster.world_size, span)
     groups = [
@@ -331,12 +332,12 @@ class _Context:
         self._links: dict[tuple[int, int, int], tuple[Link | None, ...]] = {}
 
     def links(self, c: ParallelConfig) -> tuple[Link | None, Link | None, Link | None]:
-        """(tp, dp, pp) links of layout ``c``: its groups from :mod:`distlab.placement.groups`
-        (:func:`~distlab.placement.groups.rank_groups`' layout, as arrays), their links from
+        """(tp, dp, pp) links of layout ``c``: its groups from :mod:`distlab.core.ranks`
+        (:func:`~distlab.core.ranks.rank_groups`' layout, as arrays), their links from
         :func:`distlab.sim.topology.group_link`; cached per (tp, dp, pp)."""
         key = (c.tp, c.dp, c.pp)
         if key not in self._links:
-            from distlab.placement.groups import group_array
+            from distlab.core.ranks import group_array
 
             world, degrees = self.cluster.world_size, {"tp": c.tp, "dp": c.dp, "pp": c.pp}
             self._links[key] = tuple(

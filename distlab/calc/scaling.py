@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from ._validate import fraction, positive, positive_int
+from distlab.core.checks import fraction, positive, positive_int
 
 
 def amdahl_speedup(serial_fraction: float, n: int) -> float:

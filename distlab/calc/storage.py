@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._validate import positive, positive_int
+from distlab.core.checks import positive, positive_int
+
 from .memory import get_recipe
 
 #: Largest vocabulary whose ids are stored in 2 bytes (Megatron-LM's and fairseq's

@@ -129,7 +129,7 @@ def layout_step_time(
     a = assumptions or PlannerAssumptions()
     config = ParallelConfig(tp, pp, dp, 0, micro_batch, micro_batches, "none")
     estimate = evaluate(spec, cluster, config, assumptions=a)
-    from distlab.placement.groups import group_array
+    from distlab.core.ranks import group_array
 
     from .memory import get_recipe
 

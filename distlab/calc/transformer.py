@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ._validate import choice, divides, positive_int
+from distlab.core.checks import choice, divides, positive_int
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ exactly one message per step. Each rank sends ``(n - 1)/n N`` bytes; cost
 
 from __future__ import annotations
 
-from .schedule import Schedule, Transfer
+from distlab.core.collective_schedule import Schedule, Transfer
 
 
 def all_to_all_schedule(n: int) -> Schedule:

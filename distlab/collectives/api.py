@@ -1,7 +1,7 @@
 """The shared front end of every collective: check inputs, then play a schedule.
 
 Each algorithm module (ring, tree, ...) defines *what moves where* as a
-:class:`~distlab.collectives.schedule.Schedule`; these functions do the same
+:class:`~distlab.core.collective_schedule.Schedule`; these functions do the same
 bookkeeping for all of them, mirroring ``torch.distributed``'s signatures:
 
 * every rank agrees the inputs match (:mod:`distlab.collectives.agree`), so a
@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from distlab.core.collective_schedule import Schedule
+
 from .agree import (
     Problem,
     check_agreement,
@@ -26,7 +28,6 @@ from .agree import (
     local_problem,
 )
 from .executor import DEFAULT_SEGMENT_BYTES, Chunks, execute, finish_average_, group_info, op_name
-from .schedule import Schedule
 
 ScheduleFor = Callable[[int], Schedule]
 

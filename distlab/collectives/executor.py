@@ -1,4 +1,4 @@
-"""Run a :class:`~distlab.collectives.schedule.Schedule` on real processes.
+"""Run a :class:`~distlab.core.collective_schedule.Schedule` on real processes.
 
 One executor serves every algorithm. Read :func:`run_steps` first: it is the
 whole idea. For each step of the schedule, a rank
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .schedule import Schedule, chunk_bounds
+from distlab.core.collective_schedule import Schedule, chunk_bounds
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pipelined import Workspace

@@ -23,7 +23,7 @@ steps, each moving ``N``.
 
 from __future__ import annotations
 
-from .schedule import Schedule, Transfer
+from distlab.core.collective_schedule import Schedule, Transfer
 
 
 def halving_doubling_all_reduce_schedule(n: int) -> Schedule:

@@ -19,8 +19,9 @@ the same total spread over ``k`` NICs (``m`` = number of nodes).
 
 from __future__ import annotations
 
+from distlab.core.collective_schedule import Schedule, Step, Transfer, merge_parallel
+
 from .ring import ring_all_gather_steps, ring_reduce_scatter_steps
-from .schedule import Schedule, Step, Transfer, merge_parallel
 from .tree import tree_broadcast_steps, tree_reduce_steps
 
 

@@ -10,7 +10,7 @@ parameter servers gave way to ring and tree all-reduce (Sergeev & Del Balso
 
 from __future__ import annotations
 
-from .schedule import Schedule, Transfer
+from distlab.core.collective_schedule import Schedule, Transfer
 
 
 def naive_all_reduce_schedule(n: int) -> Schedule:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from distlab.core.collective_schedule import Schedule
+
 from .executor import Chunks, _record, combine_, global_rank
-from .schedule import Schedule
 
 MAX_PIPELINED_STEPS = 512  # tags must fit in 31 bits: step << 22 | transfer << 12 | segment
 

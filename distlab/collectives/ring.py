@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .schedule import Schedule, Step, Transfer
+from distlab.core.collective_schedule import Schedule, Step, Transfer
 
 
 def ring_reduce_scatter_steps(ring: Sequence[int], blocks: Sequence[tuple[int, ...]]) -> list[Step]:

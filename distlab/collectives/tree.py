@@ -20,9 +20,8 @@ double work. Each half is reduced up its tree and broadcast down again.
 
 from __future__ import annotations
 
-from distlab.sim.cost import log2_ceil as _rounds  # ceil(log2 n), 0 for n == 1
-
-from .schedule import Schedule, Step, Transfer, merge_parallel
+from distlab.core.collective_schedule import Schedule, Step, Transfer, merge_parallel
+from distlab.core.collective_schedule import log2_ceil as _rounds  # ceil(log2 n), 0 for n == 1
 
 
 def tree_reduce_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Step]:

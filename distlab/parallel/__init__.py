@@ -29,7 +29,7 @@ One idea per module, each short enough to read top to bottom:
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
 default); the collective is chosen per wrapper with ``algorithm="ring"``
-(or any key of :data:`distlab.collectives.ALL_REDUCE`) or ``"builtin"``.
+(or any key of :data:`distlab.sim.algorithms.ALL_REDUCE`) or ``"builtin"``.
 """
 
 from __future__ import annotations

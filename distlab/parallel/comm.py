@@ -4,7 +4,7 @@ Every method in :mod:`distlab.parallel` talks to the other ranks through a
 :class:`Collectives` object, so the algorithm is chosen once per run:
 
 * ``"ring"``, ``"tree"``, ``"halving_doubling"``, ... (the keys of
-  :data:`distlab.collectives.ALL_REDUCE`): distlab's own all-reduce, written
+  :data:`distlab.sim.algorithms.ALL_REDUCE`): distlab's own all-reduce, written
   from send/recv. Reduce-scatter and all-gather then use distlab's ring
   versions (the only ones it has), broadcast its binomial tree.
 * ``"builtin"``: ``torch.distributed``'s own collectives (gloo or NCCL).
@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from distlab.collectives import ALL_REDUCE, ring_all_gather, ring_reduce_scatter, tree_broadcast
+from distlab.collectives import ring_all_gather, ring_reduce_scatter, tree_broadcast
+from distlab.sim.algorithms import ALL_REDUCE
 
 from .comm_trace import traced
 
 #: "builtin" plus the one-level all-reduces of the algorithm registry
-#: (:data:`distlab.collectives.registry.REGISTRY`, through :data:`distlab.collectives.ALL_REDUCE`)
+#: (:data:`distlab.sim.algorithms.REGISTRY`, through :data:`distlab.sim.algorithms.ALL_REDUCE`)
 ALGORITHMS = ("builtin", *ALL_REDUCE)
 
 

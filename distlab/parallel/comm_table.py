@@ -27,7 +27,7 @@ from distlab.calc.three_d import (
     job_comm_totals,
     rank_volumes,
 )
-from distlab.calc.units import format_bytes
+from distlab.core.units import format_bytes
 
 from .comm_trace import CommCall
 

@@ -25,7 +25,7 @@ to the active trace (:func:`traced`):
 A process group is named by :func:`~distlab.parallel.mesh.build_mesh`, which
 tells the active trace the name of every group it creates (a group that
 serves several names, such as ``"dp"``, ``"dp-cp"`` and ``"expert_dp"`` when
-cp = ep = 1, keeps the first in :data:`distlab.placement.groups.GROUP_NAMES`);
+cp = ep = 1, keeps the first in :data:`distlab.core.ranks.GROUP_NAMES`);
 a group the trace was not told about is named by its ranks (``"ranks 0,2"``).
 
 Per call it records the elements and **payload bytes** (the whole buffer:

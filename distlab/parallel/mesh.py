@@ -1,6 +1,6 @@
 """The device mesh: every process group of a TP x CP x PP x DP (x EP) job, by name.
 
-A job's ranks form one grid (:func:`distlab.placement.groups.rank_groups`,
+A job's ranks form one grid (:func:`distlab.core.ranks.rank_groups`,
 Megatron-core's order ``tp-cp-ep-dp-pp``: tensor parallelism innermost, so its
 ranks are consecutive, pipeline stages outermost)::
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from distlab.core.ranks import DEFAULT_ORDER, GROUP_NAMES, rank_groups
 from distlab.parallel.comm_trace import name_groups
-from distlab.placement.groups import DEFAULT_ORDER, GROUP_NAMES, rank_groups
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.calc._validate import positive_int
 from distlab.calc.comm import expert_capacity
 from distlab.collectives import all_to_all
+from distlab.core.checks import positive_int
 from distlab.parallel.comm_trace import traced
 
 #: ``"pairwise"``: distlab's all-to-all (send/recv); ``"builtin"``: ``dist.all_to_all_single``.

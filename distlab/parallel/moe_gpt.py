@@ -60,9 +60,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distlab.calc._validate import positive
 from distlab.calc.comm import expert_capacity
 from distlab.collectives import count_traffic
+from distlab.core.checks import positive
+from distlab.core.ranks import check_degrees
 from distlab.models import GPT, GPTBlock, GPTConfig, check_batch
 from distlab.parallel.comm import Collectives
 from distlab.parallel.mesh import build_mesh
@@ -74,7 +75,6 @@ from distlab.parallel.tensor import (
     TensorParallelComm,
 )
 from distlab.parallel.tensor.checks import check_divisible
-from distlab.placement.groups import check_degrees
 
 #: the key :func:`distlab.collectives.count_traffic` files distlab's all-to-all under
 ALL_TO_ALL_TRAFFIC = "pairwise_all_to_all"

@@ -54,7 +54,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.calc._validate import positive, positive_int
+from distlab.core.checks import positive, positive_int
+from distlab.core.ranks import check_degrees as check_world_degrees
 from distlab.models import GPT, GPTConfig, check_batch
 from distlab.parallel.comm import Collectives
 from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
@@ -67,7 +68,6 @@ from distlab.parallel.tensor.layers import block_shard
 from distlab.parallel.tensor.ops import copy_to_tp
 from distlab.parallel.tensor.vocab import vocab_shard
 from distlab.parallel.zero import ZeroOptimizer
-from distlab.placement.groups import check_degrees as check_world_degrees
 
 #: optimizer name -> (torch class, its keyword arguments, the
 #: :data:`distlab.calc.memory.RECIPES` entry whose bytes per parameter it keeps)
@@ -164,7 +164,7 @@ def check_degrees(
     world_size: int, config: GPTConfig, *, tp: int, pp: int, dp: int, chunks: int = 1
 ) -> None:
     """``ValueError`` naming the value unless tp*pp*dp = world size
-    (:func:`distlab.placement.groups.check_degrees`), pp*chunks | layers,
+    (:func:`distlab.core.ranks.check_degrees`), pp*chunks | layers,
     tp | heads and tp | hidden."""
     check_world_degrees(world_size, tp=tp, pp=pp, dp=dp, cp=1, ep=1)
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
@@ -270,7 +270,7 @@ def train_3d(
 
     ``optimizer``: a key of :data:`OPTIMIZERS`; ``zero_stage``: 0 (all-reduce the
     gradients over dp) or 1 (ZeRO-1 over dp); ``schedule``: a key of
-    :data:`distlab.calc.pipeline_schedule.GENERATORS`, with ``chunks`` = v model
+    :data:`distlab.core.pipeline_schedule.GENERATORS`, with ``chunks`` = v model
     chunks per rank for ``"interleaved"``. ``steps`` >= 1 and a finite ``lr`` > 0; ``tokens``
     and ``targets`` (batch, seq <= config.seq_len) ids of ``config``'s vocabulary."""
     steps, lr = positive_int("steps", steps), positive("lr", lr)

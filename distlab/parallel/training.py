@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.calc._validate import positive
+from distlab.core.checks import positive
 
 from .accumulation import accumulate_gradients
 from .buckets import DEFAULT_BUCKET_CAP_MB

@@ -9,8 +9,9 @@ Pure Python plus numpy; no torch.
 
 from __future__ import annotations
 
+from distlab.core.ranks import DEFAULT_ORDER, rank_groups
+
 from .cluster import nvlink_group_limit, resolve_cluster
-from .groups import DEFAULT_ORDER, rank_groups
 from .jobs import Job, Workload
 from .placer import STRATEGIES, Placement, compare_placements, place
 from .score import CommScore, DimensionCost, comm_volumes

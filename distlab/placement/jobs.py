@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .groups import DEFAULT_ORDER, check_degrees, parse_order
+from distlab.core.ranks import DEFAULT_ORDER, check_degrees, parse_order
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Job:
     """One training job: parallel degrees plus what a scheduler needs to know.
 
     ``world_size = tp * cp * dp * pp`` GPUs; ``ep`` re-splits ``cp * dp`` for the
-    MoE layers (Megatron-core convention, see :mod:`distlab.placement.groups`).
+    MoE layers (Megatron-core convention, see :mod:`distlab.core.ranks`).
     ``order``: rank layout (first name varies fastest); ``None`` lets
     :func:`~distlab.placement.place` choose.
 

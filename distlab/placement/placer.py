@@ -2,7 +2,7 @@
 
 In Megatron-style training the rank numbering *is* the placement: ranks fill
 the nodes in order (torchrun gives node ``k`` ranks ``8k .. 8k+7``), and the
-``order`` of the parallel dimensions (:mod:`distlab.placement.groups`) decides
+``order`` of the parallel dimensions (:mod:`distlab.core.ranks`) decides
 which groups land inside a node. The hierarchical rules follow from how much
 each dimension talks (Narayanan et al. 2021, Section 3.3; :func:`comm_volumes`):
 
@@ -27,10 +27,10 @@ from functools import cached_property
 
 import numpy as np
 
+from distlab.core.ranks import DEFAULT_ORDER, grid_groups, parse_order
 from distlab.sim.topology import ClusterSpec
 
 from .cluster import ROUTE_KINDS, edge_costs, nvlink_group_limit, resolve_cluster
-from .groups import DEFAULT_ORDER, grid_groups, parse_order
 from .jobs import Job, Workload
 from .score import CommScore, score_groups
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from distlab.calc import comm as calc_comm
-from distlab.sim.cost import closed_form
+from distlab.sim.algorithms import closed_form
 
 from .cluster import ROUTE_KINDS, edge_costs
 from .jobs import Job, Workload

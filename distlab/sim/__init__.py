@@ -16,9 +16,9 @@ Modules: :mod:`~distlab.sim.topology` (clusters, links, routes),
 
 from __future__ import annotations
 
-from .algorithms import algorithm_name, algorithm_names, build_schedule, predicted_cost
+from .algorithms import algorithm_name, algorithm_names, build_schedule, closed_form, predicted_cost
 from .bandwidth import algbw, all_reduce_lower_bound, busbw, busbw_factor
-from .cost import AlphaBetaCost, PhasedCost, closed_form, hierarchical_all_reduce_cost
+from .cost import AlphaBetaCost, PhasedCost, hierarchical_all_reduce_cost
 from .crossover import crossover_size
 from .replay import SimResult, simulate
 from .topology import (

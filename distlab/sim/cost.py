@@ -13,7 +13,7 @@ Every algorithm's cost then has the form
     T(N) = a alpha + b N beta + c N gamma
 
 and :class:`AlphaBetaCost` holds the three coefficients ``(a, b, c)``. The
-functions below build them; :func:`closed_form` looks one up by the name the
+functions below build them; :func:`distlab.sim.algorithms.closed_form` looks one up by the name the
 schedule builders use (``"ring_all_reduce"``...). The replay in
 :mod:`distlab.sim.replay` reproduces these numbers on a uniform topology
 (tests/test_sim_cost.py), and adds what a formula cannot: contention and
@@ -23,6 +23,8 @@ two-level topologies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from distlab.core.collective_schedule import log2_ceil
 
 from .topology import Link
 
@@ -60,12 +62,6 @@ class AlphaBetaCost:
             self.beta_factor + other.beta_factor,
             self.gamma_factor + other.gamma_factor,
         )
-
-
-def log2_ceil(n: int) -> int:
-    """``ceil(log2 n)``: rounds of a binomial tree on ``n`` ranks (0 for ``n == 1``)."""
-    _check_n(n)
-    return (n - 1).bit_length()
 
 
 # ---- ring -------------------------------------------------------------------
@@ -288,25 +284,6 @@ def hierarchical_all_reduce_cost(
             ),
         )
     raise ValueError(f"variant must be 'leader' or 'shard', got {variant!r}")
-
-
-# ---- lookup -------------------------------------------------------------------
-
-
-def closed_form(algorithm: str, n: int) -> AlphaBetaCost:
-    """The closed-form cost of ``algorithm`` (a name such as ``"ring_all_reduce"``) on ``n`` ranks.
-
-    Read from the algorithm registry (:data:`distlab.collectives.registry.REGISTRY`, whose
-    entries point at the functions above). Single-level algorithms only; see
-    :func:`hierarchical_all_reduce_cost` for two levels.
-    """
-    from distlab.collectives.registry import REGISTRY  # the registry imports this module
-
-    entry = REGISTRY.get(algorithm)
-    if entry is None or entry.cost is None:
-        known = sorted(name for name, a in REGISTRY.items() if a.cost is not None)
-        raise ValueError(f"no closed form for {algorithm!r}; known: {known}")
-    return entry.cost(n)
 
 
 def _check_n(n: int) -> None:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import math
 
-from .algorithms import build_schedule
-from .cost import closed_form
+from .algorithms import build_schedule, closed_form
 from .replay import Topology, as_cluster, simulate
 from .topology import Link
 

@@ -1,7 +1,7 @@
 """Replay a pipeline schedule on a modelled cluster: compute costs plus alpha-beta sends.
 
-The schedule is the one type of :mod:`distlab.calc.pipeline_schedule`, timed
-by the one replay of :mod:`distlab.calc.pipeline_replay`; this module only
+The schedule is the one type of :mod:`distlab.core.pipeline_schedule`, timed
+by the one replay of :mod:`distlab.sim.pipeline_replay`; this module only
 says what a message costs. Pipeline
 rank r runs on GPU ``gpus[r]`` of a :class:`~distlab.sim.topology.ClusterSpec`;
 an activation (forward) or its gradient (backward) of ``message_bytes``
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from distlab.calc.pipeline_replay import Timeline, replay
-from distlab.calc.pipeline_schedule import Schedule
+from distlab.core.pipeline_schedule import Schedule
+from distlab.sim.pipeline_replay import Timeline, replay
 
 from .topology import ClusterSpec
 

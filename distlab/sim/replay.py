@@ -1,6 +1,6 @@
 """Replay a collective's schedule on a modelled cluster: time, bytes per link, busbw.
 
-A :class:`~distlab.collectives.schedule.Schedule` says, step by step, which
+A :class:`~distlab.core.collective_schedule.Schedule` says, step by step, which
 rank sends which chunks to which rank. The replay puts each step's messages
 on the cluster at once (:meth:`ClusterSpec.route` says which ports each one
 occupies) and charges, per step:
@@ -32,7 +32,7 @@ from .bandwidth import busbw_factor
 from .topology import ClusterSpec, Link, Route, preset, uniform_cluster
 
 if TYPE_CHECKING:  # pragma: no cover
-    from distlab.collectives.schedule import Schedule
+    from distlab.core.collective_schedule import Schedule
 
 Topology = ClusterSpec | Link | str
 
@@ -81,8 +81,8 @@ def as_cluster(cluster_or_topology: Topology, world_size: int) -> ClusterSpec:
 
 def chunk_sizes_bytes(n_bytes: int, n_chunks: int, itemsize: int = 4) -> list[int]:
     """Bytes in each chunk when ``n_bytes`` of ``itemsize``-byte elements are cut
-    like the executor cuts them (:func:`~distlab.collectives.schedule.chunk_bounds`)."""
-    from distlab.collectives.schedule import chunk_bounds
+    like the executor cuts them (:func:`~distlab.core.collective_schedule.chunk_bounds`)."""
+    from distlab.core.collective_schedule import chunk_bounds
 
     _check_size(n_bytes, itemsize)
     return [(hi - lo) * itemsize for lo, hi in chunk_bounds(n_bytes // itemsize, n_chunks)]

@@ -302,7 +302,7 @@ def group_link(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> Link | 
     """The link the slowest of ``groups`` communicates over; ``None`` for groups of one rank.
 
     ``groups`` are process groups of equal size, each listing its ranks in increasing order
-    (as :func:`distlab.placement.groups.rank_groups` returns them); rank ``r`` runs on GPU
+    (as :func:`distlab.core.ranks.rank_groups` returns them); rank ``r`` runs on GPU
     ``r``. The same paths as :meth:`ClusterSpec.route`, seen from a whole group:
 
     * every group inside one NVLink domain (node): the intra-node link; a shared bus is
@@ -331,7 +331,7 @@ def group_link(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> Link | 
 def _straddles(groups, unit: int) -> bool:
     """True when some group's first and last ranks lie in different blocks of ``unit`` ranks.
 
-    Also takes a numpy ``(n_groups, size)`` array (:func:`distlab.placement.groups.group_array`)
+    Also takes a numpy ``(n_groups, size)`` array (:func:`distlab.core.ranks.group_array`)
     and then compares whole columns at once."""
     if hasattr(groups, "shape"):
         return bool((groups[:, 0] // unit != groups[:, -1] // unit).any())

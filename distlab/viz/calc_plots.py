@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from distlab.calc import memory, pipeline, scaling
-from distlab.calc.units import BYTE_UNITS
+from distlab.core.units import BYTE_UNITS
 from distlab.viz.pipeline_plots import draw_timeline
 
 _STATE_COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_states": "#55a868"}

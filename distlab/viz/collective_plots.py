@@ -17,7 +17,7 @@ partial sums in the chunks a rank does not own).
   slider that steps through a schedule; where no widget frontend exists
   (nbviewer, GitHub, a terminal) the same object shows the static figure.
 
-States come from :func:`distlab.collectives.schedule.trace`, which plays a
+States come from :func:`distlab.core.collective_schedule.trace`, which plays a
 schedule symbolically, so the picture is the algorithm, not a drawing of it.
 """
 
@@ -33,8 +33,8 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from distlab.collectives import registry
-from distlab.collectives.schedule import Schedule, trace
+from distlab.core.collective_schedule import Schedule, trace
+from distlab.sim import algorithms as registry
 
 #: The collective each picture uses, and the schedule that produces its end state: the
 #: registry's first algorithm for it (ring, tree for broadcast and reduce, pairwise all-to-all).

@@ -3,7 +3,7 @@
 Each function returns a :class:`matplotlib.figure.Figure` (no pyplot state),
 which a notebook displays when it is the cell's value. Every number drawn
 comes from :mod:`distlab.sim` (presets and closed forms) or from the records
-of :func:`distlab.collectives.bench.run_bench`.
+of :func:`distlab.commands.bench.run_bench`.
 
 * :func:`plot_link_bandwidths` - every link of the cluster presets, per direction
   and both directions added (the two conventions data sheets mix);
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from distlab.calc.units import format_size
-from distlab.sim.cost import closed_form
+from distlab.core.units import format_size
+from distlab.sim.algorithms import closed_form
 from distlab.sim.topology import PRESETS, ClusterSpec, Link
 
 GB = 1e9
@@ -107,7 +107,7 @@ def plot_cost_breakdown(
 
 def plot_bench(records: Sequence[Mapping]) -> Figure:
     """Grouped bars of measured time (log scale): one group per message size,
-    one bar per algorithm, from :func:`distlab.collectives.bench.run_bench`
+    one bar per algorithm, from :func:`distlab.commands.bench.run_bench`
     records of one collective on one world size."""
     if not records:
         raise ValueError("no bench records to plot")

@@ -1,6 +1,6 @@
 """Pipeline Gantt charts: a schedule's replay and a measured run, drawn the same way.
 
-Both inputs are :class:`~distlab.calc.pipeline_replay.Timeline` objects:
+Both inputs are :class:`~distlab.sim.pipeline_replay.Timeline` objects:
 :func:`distlab.calc.pipeline.replay` (or :func:`distlab.sim.pipeline.simulate_pipeline`)
 gives the planned one, :func:`distlab.parallel.pipeline.run_pipeline` the
 measured one. One row per rank; the colour says the kind of action (forward
@@ -17,7 +17,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from distlab.calc.pipeline_replay import Timeline
+from distlab.sim.pipeline_replay import Timeline
 
 KINDS = {
     "F": ((0.62, 0.77, 0.96), "F: forward"),

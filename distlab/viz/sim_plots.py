@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from distlab.calc.units import format_size
-from distlab.sim.algorithms import build_schedule
-from distlab.sim.cost import closed_form
+from distlab.core.units import format_size
+from distlab.sim.algorithms import build_schedule, closed_form
 from distlab.sim.crossover import crossover_size
 from distlab.sim.fit import Prediction
 from distlab.sim.replay import Topology, as_cluster, simulate

@@ -3,8 +3,8 @@
 ==============  =============================================================
 ``schedule``    the schedule type and generators (GPipe, 1F1B, interleaved,
                 ZB-H1), the checker and the replay; defined, torch-free, in
-                :mod:`distlab.calc.pipeline_schedule` and
-                :mod:`distlab.calc.pipeline_replay`, re-exported here
+                :mod:`distlab.core.pipeline_schedule` and
+                :mod:`distlab.sim.pipeline_replay`, re-exported here
 ``partition``   the tiny GPT as a list of layers; balanced cuts by parameter
                 count or measured time
 ``stage``       :class:`PipelineStage`: one rank's model chunks
@@ -23,8 +23,7 @@ is where it runs. Inside ``distlab.run(fn, world_size=p)``::
 
 from __future__ import annotations
 
-from distlab.calc.pipeline_replay import ScheduleError, Timeline, check, replay
-from distlab.calc.pipeline_schedule import (
+from distlab.core.pipeline_schedule import (
     Action,
     Schedule,
     build,
@@ -34,6 +33,7 @@ from distlab.calc.pipeline_schedule import (
     with_communication,
     zb_h1,
 )
+from distlab.sim.pipeline_replay import ScheduleError, Timeline, check, replay
 
 from .executor import PipelineError, RankRun, measured_timeline, run_pipeline
 from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs

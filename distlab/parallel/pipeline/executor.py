@@ -1,6 +1,6 @@
 """Run a pipeline schedule on real processes, one action at a time.
 
-Each rank walks its list of actions (:mod:`distlab.calc.pipeline_schedule`,
+Each rank walks its list of actions (:mod:`distlab.core.pipeline_schedule`,
 sends and receives inserted by ``with_communication``) and does exactly what
 each one says:
 
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distlab.calc.pipeline_replay import TimedAction, Timeline, check
-from distlab.calc.pipeline_schedule import Action, Schedule, with_communication
+from distlab.core.pipeline_schedule import Action, Schedule, with_communication
+from distlab.sim.pipeline_replay import TimedAction, Timeline, check
 
 from ..comm_trace import record_p2p
 from .stage import PipelineStage

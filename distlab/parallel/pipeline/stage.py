@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.calc._validate import positive_int
+from distlab.core.checks import positive_int
 from distlab.models import GPT
 
 from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs

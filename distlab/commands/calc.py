@@ -15,10 +15,19 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from . import memory, pipeline
-from ._validate import above_zero_fraction, below_one, cli, fraction, positive, positive_int
-from .transformer import MODEL_PRESETS, ModelSpec, gpt_shape_for, model_preset
-from .units import GB, GiB, format_seconds
+from distlab.calc import memory, pipeline
+from distlab.calc.planner import PlannerAssumptions, plan
+from distlab.calc.transformer import MODEL_PRESETS, ModelSpec, gpt_shape_for, model_preset
+from distlab.core.checks import (
+    above_zero_fraction,
+    below_one,
+    cli,
+    fraction,
+    positive,
+    positive_int,
+)
+from distlab.core.units import GB, GiB, format_seconds
+from distlab.sim.topology import PRESETS, load_cluster, preset
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -236,7 +245,6 @@ def _bubble_main(args) -> int:
 
 
 def _register_plan(subparsers) -> None:
-    from ..sim.topology import PRESETS
 
     p = subparsers.add_parser(
         "plan", help="rank 3D-parallel layouts (TP, PP, DP, ZeRO, micro-batches, recompute)"
@@ -325,8 +333,6 @@ def _schedule_name(config) -> str:
 
 
 def _plan_main(args) -> int:
-    from ..sim.topology import load_cluster, preset
-    from .planner import PlannerAssumptions, plan
 
     spec = _model_from_args(args)
     if args.cluster is not None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from distlab.calc._validate import cli, nonnegative, nonnegative_int, positive
-
-from .cluster import resolve_cluster
-from .jobs import Job, Workload, mixed_jobs
-from .placer import STRATEGIES, compare_placements, place
-from .scheduler import random_failures, simulate
+from distlab.core.checks import cli, nonnegative, nonnegative_int, positive
+from distlab.placement.cluster import resolve_cluster
+from distlab.placement.jobs import Job, Workload, mixed_jobs
+from distlab.placement.placer import STRATEGIES, compare_placements, place
+from distlab.placement.scheduler import random_failures, simulate
 
 
 def register(subparsers) -> None:

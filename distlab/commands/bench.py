@@ -11,9 +11,9 @@ iteration is the slowest rank's average. Bandwidths follow nccl-tests
 * ``busbw = algbw * factor`` with nccl-tests' factor for the collective
   (:func:`distlab.sim.bandwidth.busbw_factor`, e.g. ``2(n-1)/n`` for all-reduce).
 
-The algorithms come from :data:`distlab.collectives.registry.REGISTRY`;
+The algorithms come from :data:`distlab.sim.algorithms.REGISTRY`;
 ``builtin`` is ``torch.distributed``'s own collective. Sizes are read by
-:func:`distlab.calc.units.size_range`, the rule every ``distlab`` command uses.
+:func:`distlab.core.units.size_range`, the rule every ``distlab`` command uses.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
-from distlab.calc._validate import positive_int
-from distlab.calc.units import format_size, size_range
-from distlab.collectives import registry
+from distlab.core.checks import positive_int
+from distlab.core.units import format_size, size_range
+from distlab.sim import algorithms as registry
 from distlab.sim.bandwidth import busbw_factor
 
 #: collective -> algorithms benchmarked (``builtin`` = torch.distributed's own)

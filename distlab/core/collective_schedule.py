@@ -32,6 +32,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .checks import positive_int
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 
 
@@ -104,6 +106,13 @@ class Schedule:
             for _, t in self.transfers()
             if t.src == rank and t.dst != rank
         )
+
+
+def log2_ceil(n: int) -> int:
+    """``ceil(log2 n)``: rounds of a binomial tree or of recursive doubling on ``n`` ranks
+    (0 for ``n == 1``)."""
+    positive_int("number of ranks n", n)
+    return (n - 1).bit_length()
 
 
 def chunk_bounds(numel: int, n_chunks: int) -> list[tuple[int, int]]:

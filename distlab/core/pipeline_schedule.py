@@ -26,14 +26,14 @@ Schedules are usually written with compute actions only; the sends and
 receives are implied by the dependencies, and :func:`with_communication`
 inserts them (a receive just before the action that needs it, a
 non-blocking send just after the action that produced it). A hand-written
-schedule may also spell them out; :func:`~distlab.calc.pipeline_replay.check` then proves that every
+schedule may also spell them out; :func:`~distlab.sim.pipeline_replay.check` then proves that every
 send has its receive.
 
 ``str(schedule)`` prints one line per rank, ``"rank 0: 0F0 0F1 0B0 0B1"``,
 and :meth:`Schedule.parse` reads that text back, so a student can write a
 schedule by hand and have it checked, simulated and run.
 
-Pure Python (no torch): :mod:`distlab.calc.pipeline_replay` checks and times
+Pure Python (no torch): :mod:`distlab.sim.pipeline_replay` checks and times
 it, :mod:`distlab.calc.pipeline` counts bubbles with it,
 :mod:`distlab.sim.pipeline` adds link costs, :mod:`distlab.parallel.pipeline`
 runs it on real processes, :mod:`distlab.viz.pipeline_plots` draws it.
@@ -45,7 +45,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._validate import positive_int
+from .checks import positive_int
 
 COMPUTE_KINDS = ("F", "B", "I", "W")
 COMM_KINDS = ("SF", "RF", "SB", "RB")

@@ -15,12 +15,11 @@ import argparse
 import json
 import sys
 
-from distlab.calc._validate import cli, nonnegative, positive_int
-from distlab.calc.units import format_size, size_range
-
-from .algorithms import algorithm_name, build_schedule
-from .replay import SimResult, simulate
-from .topology import PRESETS, ClusterSpec, load_cluster, preset
+from distlab.core.checks import cli, nonnegative, positive_int
+from distlab.core.units import format_size, size_range
+from distlab.sim.algorithms import algorithm_name, build_schedule
+from distlab.sim.replay import SimResult, simulate
+from distlab.sim.topology import PRESETS, ClusterSpec, load_cluster, preset
 
 
 def register(subparsers) -> None:

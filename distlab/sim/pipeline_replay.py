@@ -1,6 +1,6 @@
 """Check and time a pipeline schedule: one walk over every rank's actions.
 
-Each rank runs its actions (:mod:`distlab.calc.pipeline_schedule`) in order;
+Each rank runs its actions (:mod:`distlab.core.pipeline_schedule`) in order;
 an action starts when the rank is free and what it needs has arrived:
 
 * F of virtual stage j needs F of j - 1 (the activation);
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ._validate import fraction
-from .pipeline_schedule import COMM_KINDS, COMPUTE_KINDS, Action, Schedule
+from distlab.core.checks import fraction
+from distlab.core.pipeline_schedule import COMM_KINDS, COMPUTE_KINDS, Action, Schedule
 
 
 class ScheduleError(ValueError):
