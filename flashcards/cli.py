@@ -34,11 +34,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from flashcards.anki import export_apkg
+from flashcards.checks import run_checks
 from flashcards.course_order import in_course_order, up_to_notebook
+from flashcards.history import export_json, import_json
 from flashcards.model import Card, Deck, load_deck
 from flashcards.render import to_terminal
 from flashcards.scheduler import DEFAULT_RETENTION, NEW_PER_DAY, RATING_KEYS, format_interval
 from flashcards.session import DrillSession
+from flashcards.stats import compute_stats, plot_stats
 from flashcards.store import Store
 
 QUIT = "q"
@@ -214,8 +218,6 @@ def cmd_drill(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, console: Console) -> int:
-    from flashcards.stats import compute_stats, plot_stats
-
     session = _session(args)
     stats = compute_stats(session.cards, session.store, now=session.now(), days=args.days)
     table = Table(title="Cards", show_header=False)
@@ -334,8 +336,6 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from flashcards.checks import run_checks
-
     results = run_checks(_deck(args))
     failed = [r for r in results if not r.ok]
     for r in failed:
@@ -345,8 +345,6 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_export_anki(args: argparse.Namespace, console: Console) -> int:
-    from flashcards.anki import export_apkg
-
     cards = _selected(args)
     path = export_apkg(cards, args.path)
     notes = len({card.note for card in cards})  # a cloze note holds several cards
@@ -355,16 +353,12 @@ def cmd_export_anki(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_export_json(args: argparse.Namespace, console: Console) -> int:
-    from flashcards.history import export_json
-
     n = export_json(Store(args.db), args.path)
     console.print(f"wrote {n} reviews to {args.path}")
     return 0
 
 
 def cmd_import_json(args: argparse.Namespace, console: Console) -> int:
-    from flashcards.history import import_json
-
     n = import_json(Store(args.db), args.path)
     console.print(f"imported {n} new reviews from {args.path}")
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distlab.collectives.executor import Chunks
+from distlab.collectives.buffers import Chunks
 from distlab.collectives.pipelined import _overlap, segment_messages
 from distlab.sim.algorithms import REGISTRY
 

@@ -22,7 +22,8 @@ def _engines_worker(rank, n):
     import torch
     import torch.distributed as dist
 
-    from distlab.collectives.executor import DEFAULT_SEGMENT_BYTES, Chunks, execute
+    from distlab.collectives.buffers import Chunks
+    from distlab.collectives.executor import DEFAULT_SEGMENT_BYTES, execute
     from distlab.sim.algorithms import REGISTRY
 
     base = torch.arange(1, NUMEL + 1, dtype=torch.float64)

@@ -47,8 +47,20 @@ FLOORS = {
     9: ("distlab.commands", "distlab.cli", "distlab"),
 }
 
+_TORCH_RUNNER = (
+    "the module's schedule builders are pure Python (the simulator, the calculators and the "
+    "plots import them); its runner loads torch through the api only when a collective runs"
+)
+
 #: (importing module, imported module): why the import waits until a function runs
-DEFERRED = {}
+DEFERRED = {
+    ("distlab.collectives.all_to_all", "distlab.collectives.api"): _TORCH_RUNNER,
+    ("distlab.collectives.halving_doubling", "distlab.collectives.api"): _TORCH_RUNNER,
+    ("distlab.collectives.hierarchical", "distlab.collectives.api"): _TORCH_RUNNER,
+    ("distlab.collectives.naive", "distlab.collectives.api"): _TORCH_RUNNER,
+    ("distlab.collectives.ring", "distlab.collectives.api"): _TORCH_RUNNER,
+    ("distlab.collectives.tree", "distlab.collectives.api"): _TORCH_RUNNER,
+}
 
 
 def module_name(path: Path) -> str:
@@ -205,6 +217,19 @@ def _print_map() -> None:
         print(f"floor {f}: {', '.join(FLOORS[f])}  ({len(by_floor[f])} modules, {lines} lines)")
     all_edges = edges()
     print(f"imports: {len(all_edges)}, inside functions: {sum(d for _, _, d, _ in all_edges)}")
+
+
+def test_pure_floors_load_without_torch():
+    """What the deferred imports buy: the calculators, the simulator, the schedule builders,
+    the placer and the ``distlab`` command start without loading torch."""
+    import subprocess
+
+    code = (
+        "import sys, distlab.core, distlab.collectives, distlab.sim, distlab.calc, "
+        "distlab.placement, distlab.cli; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def test_evaluate_is_what_plan_computes_for_that_layout():
 
 
 def test_count_traffic_nests():
-    from distlab.collectives.executor import Traffic, count_traffic
+    from distlab.collectives.traffic import Traffic, count_traffic
 
     with count_traffic() as outer:
         outer.bytes_sent = 5

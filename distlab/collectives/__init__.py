@@ -27,6 +27,7 @@ from .ring import (
     ring_reduce_scatter,
     ring_reduce_scatter_schedule,
 )
+from .traffic import count_traffic
 from .tree import (
     double_binary_tree_all_reduce,
     double_binary_tree_all_reduce_schedule,
@@ -66,10 +67,3 @@ __all__ = [
     "tree_reduce",
     "tree_reduce_schedule",
 ]
-
-
-def count_traffic():
-    """Context manager counting the bytes this rank sends (see executor.count_traffic)."""
-    from .executor import count_traffic as _count
-
-    return _count()

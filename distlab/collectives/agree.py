@@ -30,7 +30,7 @@ from enum import IntEnum
 import torch
 import torch.distributed as dist
 
-from .executor import SUPPORTED_DTYPES, global_rank, group_info, op_name
+from .buffers import SUPPORTED_DTYPES, global_rank, group_info, op_name
 
 _OPS = ("sum", "avg", "product", "max", "min")
 MAGIC = 0x64697374_6C616221  # "distlab!": a header, not some other message

@@ -27,7 +27,8 @@ from .agree import (
     explain_tensor,
     local_problem,
 )
-from .executor import DEFAULT_SEGMENT_BYTES, Chunks, execute, finish_average_, group_info, op_name
+from .buffers import Chunks, finish_average_, group_info, op_name
+from .executor import DEFAULT_SEGMENT_BYTES, execute
 
 ScheduleFor = Callable[[int], Schedule]
 

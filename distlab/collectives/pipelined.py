@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from distlab.core.collective_schedule import Schedule
 
-from .executor import Chunks, _record, combine_, global_rank
+from .buffers import Chunks, combine_, global_rank
+from .traffic import record_sent
 
 MAX_PIPELINED_STEPS = 512  # tags must fit in 31 bits: step << 22 | transfer << 12 | segment
 
@@ -111,7 +112,7 @@ def segment_messages(
                         _Message(kind, step_index, peer, tag, seg, region, t.reduce and not sending)
                     )
                     if sending:
-                        _record(schedule, seg.numel() * seg.element_size())
+                        record_sent(schedule, seg.numel() * seg.element_size())
     _add_dependencies(messages, segment_elems)
     return messages
 

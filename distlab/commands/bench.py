@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 
 from distlab.core.checks import positive_int
 from distlab.core.units import format_size, size_range
+from distlab.launch import run
+from distlab.progress import progress_bar
 from distlab.sim import algorithms as registry
 from distlab.sim.bandwidth import busbw_factor
 
@@ -213,8 +215,6 @@ def run_bench(
     ``0..k-1`` form node 0, ...). ``progress=True`` shows a rich progress bar on stderr,
     one tick per (world size, collective, algorithm).
     """
-    from distlab.launch import run
-    from distlab.progress import progress_bar
 
     positive_int("ranks_per_node", ranks_per_node)
     if iters is not None:

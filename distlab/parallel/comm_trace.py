@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from distlab.collectives.executor import count_traffic
+from distlab.collectives.traffic import count_traffic
 
 
 @dataclass(frozen=True)

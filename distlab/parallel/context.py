@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distlab.collectives.executor import global_rank
+from distlab.collectives.buffers import global_rank
 from distlab.models import GPTBlock, dropout
 from distlab.parallel.comm import Collectives
 

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from distlab.core.collective_schedule import Schedule, chunk_bounds
 
 from .bandwidth import busbw_factor
 from .topology import ClusterSpec, Link, Route, preset, uniform_cluster
-
-if TYPE_CHECKING:  # pragma: no cover
-    from distlab.core.collective_schedule import Schedule
 
 Topology = ClusterSpec | Link | str
 
@@ -82,8 +80,6 @@ def as_cluster(cluster_or_topology: Topology, world_size: int) -> ClusterSpec:
 def chunk_sizes_bytes(n_bytes: int, n_chunks: int, itemsize: int = 4) -> list[int]:
     """Bytes in each chunk when ``n_bytes`` of ``itemsize``-byte elements are cut
     like the executor cuts them (:func:`~distlab.core.collective_schedule.chunk_bounds`)."""
-    from distlab.core.collective_schedule import chunk_bounds
-
     _check_size(n_bytes, itemsize)
     return [(hi - lo) * itemsize for lo, hi in chunk_bounds(n_bytes // itemsize, n_chunks)]
 
