@@ -335,3 +335,72 @@ def fits(*, gpu_memory_bytes: float, headroom_bytes: float = 0.0, **peak_kwargs)
     if headroom_bytes < 0:
         raise ValueError(f"headroom_bytes must be >= 0, got {headroom_bytes!r}")
     return peak_bytes(**peak_kwargs).total + headroom_bytes <= capacity
+
+
+# -- DeepSpeed's estimator, by name -----------------------------------------------
+
+DEEPSPEED_GB = 2**30
+"""What DeepSpeed's memory estimator divides by before it prints "GB" (a GiB)."""
+
+
+@dataclass(frozen=True)
+class DeepSpeedEstimate:
+    """Model-state bytes per GPU as DeepSpeed's estimator counts them, mixed-precision Adam.
+
+    From ``estimate_zero2_model_states_mem_needs`` and
+    ``estimate_zero3_model_states_mem_needs`` (``deepspeed.runtime.zero``,
+    their ``cpu_offload=False`` branches), with Ψ parameters on N GPUs and L
+    parameters in the largest layer:
+
+    ======  ===================  =============================================
+    ZeRO-2  4Ψ + 16Ψ/N           16-bit weights and gradients whole; fp32
+                                 master, Adam m and v, and an fp32 gradient
+                                 partition sharded (12 + 4)
+    ZeRO-3  4L + 18Ψ/N           one gathered layer's 16-bit weights and
+                                 gradients; 16-bit weight shard, fp32 master,
+                                 m, v and fp32 gradient partition (2 + 12 + 4)
+    ======  ===================  =============================================
+
+    Next to the ZeRO paper (:func:`model_state_bytes`, ``mixed_adam``): the 4
+    bytes of an fp32 gradient partition (``fp32_gradients``) are the extra.
+    DeepSpeed's ZeRO-2 count is the paper's *stage 1* (4Ψ + 12Ψ/N) plus them:
+    it keeps the 16-bit gradients whole, where the paper's stage 2 shards
+    them. Its ZeRO-3 count is the paper's stage 3 plus them, less the paper's
+    2Ψ/N of 16-bit gradient shard (``paper_gradients_left_out``), plus the
+    gathered layer. Its printout divides by 2^30 and says "GB":
+    :attr:`printed_gb`.
+    """
+
+    replicated: float  # 4Ψ (ZeRO-2) or 4L (ZeRO-3)
+    sharded: float  # 16Ψ/N (ZeRO-2) or 18Ψ/N (ZeRO-3)
+    fp32_gradients: float  # the 4Ψ/N of `sharded` that the ZeRO paper does not count
+    paper_gradients_left_out: float  # ZeRO-3: the paper's 2Ψ/N of 16-bit gradient shard
+    zero_stage: int
+    dp: int
+
+    @property
+    def total(self) -> float:
+        return self.replicated + self.sharded
+
+    @property
+    def printed_gb(self) -> float:
+        """The number DeepSpeed prints, followed by "GB": bytes / 2^30."""
+        return self.total / DEEPSPEED_GB
+
+
+def deepspeed_estimate(
+    n_params: float, *, zero_stage: int, dp: int = 1, largest_layer_params: float = 0.0
+) -> DeepSpeedEstimate:
+    """DeepSpeed's per-GPU model-state estimate at ZeRO stage 2 or 3 (see
+    :class:`DeepSpeedEstimate`); ``largest_layer_params`` is used at stage 3 only.
+
+    ``deepspeed_estimate(7.5e9, zero_stage=3, dp=64).total`` is 18 x 7.5e9 / 64
+    bytes, 2.11e9, printed as 1.96 "GB"; the paper's count is 1.875e9 bytes.
+    """
+    psi = positive("n_params", n_params)
+    choice("zero_stage", zero_stage, (2, 3))
+    dp = positive_int("dp", dp)
+    if zero_stage == 2:
+        return DeepSpeedEstimate(4 * psi, 16 * psi / dp, 4 * psi / dp, 0.0, 2, dp)
+    layer = positive("largest_layer_params", largest_layer_params) if largest_layer_params else 0.0
+    return DeepSpeedEstimate(4 * layer, 18 * psi / dp, 4 * psi / dp, 2 * psi / dp, 3, dp)

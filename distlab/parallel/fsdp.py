@@ -476,7 +476,8 @@ class FSDP(nn.Module):
         for unit in self.units:
             if unit.full_grad is None:
                 continue
-            unit.shard.grad = unit.shard.grad.clone()
+            if unit.shard.grad is not None:  # an optimizer's zero_grad may have dropped it
+                unit.shard.grad = unit.shard.grad.clone()
             for p in unit.params:
                 p.grad = None
             unit.full_grad = None
