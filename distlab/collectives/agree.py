@@ -30,7 +30,7 @@ from enum import IntEnum
 import torch
 import torch.distributed as dist
 
-from .buffers import SUPPORTED_DTYPES, global_rank, group_info, op_name
+from .buffers import SUPPORTED_DTYPES, Group, global_rank, group_info, op_name
 
 _OPS = ("sum", "avg", "product", "max", "min")
 MAGIC = 0x64697374_6C616221  # "distlab!": a header, not some other message
@@ -144,7 +144,7 @@ def unpack_header(row: list[int]) -> tuple[str, int, int, list[int]] | None:
     return name, problem, op_code, row[4 + NAME_WORDS : 4 + NAME_WORDS + count]
 
 
-def all_gather_headers(header: list[int], group, device: torch.device) -> list[list[int]]:
+def all_gather_headers(header: list[int], group: Group, device: torch.device) -> list[list[int]]:
     """Every rank's ``header`` (all the same length), in rank order, using only send/recv."""
     rank, n = group_info(group)
     width = len(header)
@@ -172,7 +172,7 @@ def all_gather_headers(header: list[int], group, device: torch.device) -> list[l
 
 def check_agreement(
     name: str,
-    group,
+    group: Group,
     device: torch.device,
     problem: int,
     op_code: int,

@@ -13,7 +13,12 @@ exactly one message per step. Each rank sends ``(n - 1)/n N`` bytes; cost
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distlab.core.collective_schedule import Schedule, Transfer
+
+if TYPE_CHECKING:  # the runner loads torch only when it runs
+    from .buffers import Group
 
 
 def all_to_all_schedule(n: int) -> Schedule:
@@ -29,7 +34,7 @@ def all_to_all_schedule(n: int) -> Schedule:
     return Schedule("all_to_all", "pairwise", n, n, tuple(steps), out_of_place=True)
 
 
-def all_to_all(output_tensor_list, input_tensor_list, group=None) -> None:
+def all_to_all(output_tensor_list, input_tensor_list, group: Group = None) -> None:
     """Like ``torch.distributed.all_to_all``: ``output_tensor_list[j]`` receives
     rank ``j``'s ``input_tensor_list[rank]``. Block sizes may differ, but
     rank ``r``'s ``input_tensor_list[j]`` must match rank ``j``'s

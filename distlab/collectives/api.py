@@ -27,7 +27,7 @@ from .agree import (
     explain_tensor,
     local_problem,
 )
-from .buffers import Chunks, finish_average_, group_info, op_name
+from .buffers import Chunks, Group, finish_average_, group_info, op_name
 from .executor import DEFAULT_SEGMENT_BYTES, execute
 
 ScheduleFor = Callable[[int], Schedule]
@@ -66,7 +66,7 @@ def all_reduce(
     name: str,
     tensor: torch.Tensor,
     op,
-    group,
+    group: Group,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """In place: every rank ends with ``op`` over all ranks' ``tensor``."""
@@ -92,7 +92,7 @@ def reduce_scatter(
     output: torch.Tensor,
     input: torch.Tensor | Sequence[torch.Tensor],
     op,
-    group,
+    group: Group,
 ) -> None:
     """Rank ``r``'s ``output`` gets ``op`` over all ranks of block ``r`` of ``input``.
 
@@ -129,7 +129,7 @@ def all_gather(
     name: str,
     output: torch.Tensor | list[torch.Tensor],
     input: torch.Tensor,
-    group,
+    group: Group,
 ) -> None:
     """Every rank's ``output`` gets all ranks' ``input``, in rank order.
 
@@ -169,7 +169,7 @@ def rooted(
     tensor: torch.Tensor,
     root: int,
     op,
-    group,
+    group: Group,
     *,
     reduces: bool,
 ) -> None:
@@ -200,7 +200,7 @@ def all_to_all(
     name: str,
     outputs: Sequence[torch.Tensor],
     inputs: Sequence[torch.Tensor],
-    group,
+    group: Group,
 ) -> None:
     """``outputs[j]`` on rank ``r`` receives ``inputs[r]`` of rank ``j``."""
     _, n = group_info(group)

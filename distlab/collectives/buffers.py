@@ -10,6 +10,7 @@ inside a process group to the global ranks ``torch.distributed`` sends to. Both 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -103,7 +104,12 @@ class Chunks:
 
 
 # ----------------------------------------------------------------- groups ----
-def group_info(group) -> tuple[int, int]:
+#: The ``group`` argument of every collective and wrapper, as in torch.distributed's own
+#: signatures: a process group (from ``dist.new_group`` or a mesh), or None for all ranks.
+Group: TypeAlias = dist.ProcessGroup | None
+
+
+def group_info(group: Group) -> tuple[int, int]:
     """(rank in group, group size); a clear error when no process group exists."""
     if not dist.is_initialized():
         raise RuntimeError(
@@ -113,7 +119,7 @@ def group_info(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def global_rank(group, rank: int) -> int:
+def global_rank(group: Group, rank: int) -> int:
     if group is None or group is dist.group.WORLD:
         return rank
     return dist.get_global_rank(group, rank)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from distlab.core.collective_schedule import Schedule
 
 from . import pipelined
-from .buffers import Chunks, combine_, global_rank, group_info
+from .buffers import Chunks, Group, combine_, global_rank, group_info
 from .pipelined import Workspace
 from .traffic import record_sent
 
@@ -34,7 +34,12 @@ DEFAULT_SEGMENT_BYTES = 4 << 20
 
 # -------------------------------------------------------- reference executor ----
 def run_steps(
-    schedule: Schedule, buffer: Chunks, *, op: str = "sum", group=None, out: Chunks | None = None
+    schedule: Schedule,
+    buffer: Chunks,
+    *,
+    op: str = "sum",
+    group: Group = None,
+    out: Chunks | None = None,
 ) -> None:
     """The reference executor: play ``schedule`` one step at a time (see the module docstring)."""
     rank, _ = group_info(group)
@@ -73,7 +78,7 @@ def execute(
     buffer: Chunks,
     *,
     op: str = "sum",
-    group=None,
+    group: Group = None,
     out: Chunks | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     engine: str = "auto",

@@ -23,7 +23,12 @@ steps, each moving ``N``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distlab.core.collective_schedule import Schedule, Transfer
+
+if TYPE_CHECKING:  # the runner loads torch only when it runs
+    from .buffers import Group
 
 
 def halving_doubling_all_reduce_schedule(n: int) -> Schedule:
@@ -80,7 +85,7 @@ def halving_doubling_all_reduce_schedule(n: int) -> Schedule:
     return Schedule("all_reduce", "halving_doubling", n, p, tuple(steps))
 
 
-def halving_doubling_all_reduce(tensor, op="sum", group=None) -> None:
+def halving_doubling_all_reduce(tensor, op="sum", group: Group = None) -> None:
     """All-reduce in place with recursive halving-doubling (Rabenseifner); any world size."""
     from . import api
 

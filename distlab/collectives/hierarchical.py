@@ -19,10 +19,15 @@ the same total spread over ``k`` NICs (``m`` = number of nodes).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distlab.core.collective_schedule import Schedule, Step, Transfer, merge_parallel
 
 from .ring import ring_all_gather_steps, ring_reduce_scatter_steps
 from .tree import tree_broadcast_steps, tree_reduce_steps
+
+if TYPE_CHECKING:  # the runner loads torch only when it runs
+    from .buffers import Group
 
 
 def _relabel(steps: list[Step], ranks: list[int]) -> list[Step]:
@@ -77,7 +82,7 @@ def hierarchical_all_reduce_schedule(
 
 
 def hierarchical_all_reduce(
-    tensor, op="sum", group=None, *, ranks_per_node: int, variant: str = "leader"
+    tensor, op="sum", group: Group = None, *, ranks_per_node: int, variant: str = "leader"
 ) -> None:
     """All-reduce in place in two levels: inside nodes of ``ranks_per_node`` ranks, then across.
 

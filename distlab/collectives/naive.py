@@ -10,7 +10,12 @@ parameter servers gave way to ring and tree all-reduce (Sergeev & Del Balso
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distlab.core.collective_schedule import Schedule, Transfer
+
+if TYPE_CHECKING:  # the runner loads torch only when it runs
+    from .buffers import Group
 
 
 def naive_all_reduce_schedule(n: int) -> Schedule:
@@ -20,7 +25,7 @@ def naive_all_reduce_schedule(n: int) -> Schedule:
     return Schedule("all_reduce", "naive", n, 1, steps)
 
 
-def naive_all_reduce(tensor, op="sum", group=None) -> None:
+def naive_all_reduce(tensor, op="sum", group: Group = None) -> None:
     """All-reduce in place through rank 0 (gather and reduce, then send back)."""
     from . import api
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from distlab.core.collective_schedule import Schedule
 
-from .buffers import Chunks, combine_, global_rank
+from .buffers import Chunks, Group, combine_, global_rank
 from .traffic import record_sent
 
 MAX_PIPELINED_STEPS = 512  # tags must fit in 31 bits: step << 22 | transfer << 12 | segment
@@ -77,7 +77,7 @@ class _Message:
 
 
 def segment_messages(
-    schedule: Schedule, rank: int, buffer: Chunks, out: Chunks, group, segment_elems: int
+    schedule: Schedule, rank: int, buffer: Chunks, out: Chunks, group: Group, segment_elems: int
 ) -> list[_Message]:
     """Cut this rank's part of the schedule into segment messages, in step order,
     and record the data dependencies between them:
@@ -165,7 +165,7 @@ def _complete(m: _Message) -> bool:
 
 
 def run_pipelined(
-    messages: list[_Message], op: str, group, sample: torch.Tensor, workspace: Workspace
+    messages: list[_Message], op: str, group: Group, sample: torch.Tensor, workspace: Workspace
 ) -> None:
     """Post every message as soon as its dependencies allow, across step boundaries.
 
@@ -193,7 +193,7 @@ def run_pipelined(
         m.done = True
 
 
-def _post_ready(unposted: list[_Message], group) -> list[_Message]:
+def _post_ready(unposted: list[_Message], group: Group) -> list[_Message]:
     """Post, in order, every message whose dependencies have finished; return the rest."""
     still = []
     for m in unposted:
@@ -205,7 +205,7 @@ def _post_ready(unposted: list[_Message], group) -> list[_Message]:
     return still
 
 
-def run_step_by_step(messages: list[_Message], op: str, group) -> None:
+def run_step_by_step(messages: list[_Message], op: str, group: Group) -> None:
     """One batch per step, waiting for all of it (NCCL, which runs a batch as one group call)."""
     for step in sorted({m.step for m in messages}):
         batch = [m for m in messages if m.step == step]

@@ -21,8 +21,12 @@ weakness for small messages. Cost (Thakur, Rabenseifner & Gropp 2005):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from distlab.core.collective_schedule import Schedule, Step, Transfer
+
+if TYPE_CHECKING:  # the runner loads torch only when it runs
+    from .buffers import Group
 
 
 def ring_reduce_scatter_steps(ring: Sequence[int], blocks: Sequence[tuple[int, ...]]) -> list[Step]:
@@ -71,7 +75,7 @@ def ring_all_reduce_schedule(n: int) -> Schedule:
 
 
 # ---- run on real processes (torch is imported only when a collective runs) ----
-def ring_all_reduce(tensor, op="sum", group=None) -> None:
+def ring_all_reduce(tensor, op="sum", group: Group = None) -> None:
     """All-reduce ``tensor`` in place with the ring algorithm.
 
     Same contract as ``torch.distributed.all_reduce(tensor, op, group)``;
@@ -82,7 +86,7 @@ def ring_all_reduce(tensor, op="sum", group=None) -> None:
     api.all_reduce(ring_all_reduce_schedule, "ring_all_reduce", tensor, op, group)
 
 
-def ring_reduce_scatter(output, input, op="sum", group=None) -> None:
+def ring_reduce_scatter(output, input, op="sum", group: Group = None) -> None:
     """Reduce-scatter with the ring: rank ``r``'s ``output`` gets block ``r`` reduced.
 
     ``input``: a tensor of ``world_size * output.numel()`` elements, or a list
@@ -95,7 +99,7 @@ def ring_reduce_scatter(output, input, op="sum", group=None) -> None:
     )
 
 
-def ring_all_gather(output, input, group=None) -> None:
+def ring_all_gather(output, input, group: Group = None) -> None:
     """All-gather with the ring: ``output`` (one tensor, or a list of one per rank)
     gets every rank's ``input`` in rank order."""
     from . import api

@@ -20,8 +20,13 @@ double work. Each half is reduced up its tree and broadcast down again.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distlab.core.collective_schedule import Schedule, Step, Transfer, merge_parallel
 from distlab.core.collective_schedule import log2_ceil as _rounds  # ceil(log2 n), 0 for n == 1
+
+if TYPE_CHECKING:  # the runner loads torch only when it runs
+    from .buffers import Group
 
 
 def tree_reduce_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Step]:
@@ -125,7 +130,7 @@ def double_binary_tree_all_reduce_schedule(n: int) -> Schedule:
 
 
 # ---- run on real processes (torch is imported only when a collective runs) ----
-def tree_reduce(tensor, dst: int = 0, op="sum", group=None) -> None:
+def tree_reduce(tensor, dst: int = 0, op="sum", group: Group = None) -> None:
     """Reduce ``tensor`` onto rank ``dst`` with a binomial tree (like ``torch.distributed.reduce``).
 
     Only ``dst``'s tensor holds the result; the others hold partial sums.
@@ -135,21 +140,21 @@ def tree_reduce(tensor, dst: int = 0, op="sum", group=None) -> None:
     api.rooted(tree_reduce_schedule, "tree_reduce", tensor, dst, op, group, reduces=True)
 
 
-def tree_broadcast(tensor, src: int = 0, group=None) -> None:
+def tree_broadcast(tensor, src: int = 0, group: Group = None) -> None:
     """Broadcast ``tensor`` from rank ``src`` with a binomial tree (like ``torch.distributed.broadcast``)."""
     from . import api
 
     api.rooted(tree_broadcast_schedule, "tree_broadcast", tensor, src, None, group, reduces=False)
 
 
-def tree_all_reduce(tensor, op="sum", group=None) -> None:
+def tree_all_reduce(tensor, op="sum", group: Group = None) -> None:
     """All-reduce in place: binomial-tree reduce to rank 0, then broadcast back."""
     from . import api
 
     api.all_reduce(tree_all_reduce_schedule, "tree_all_reduce", tensor, op, group)
 
 
-def double_binary_tree_all_reduce(tensor, op="sum", group=None) -> None:
+def double_binary_tree_all_reduce(tensor, op="sum", group: Group = None) -> None:
     """All-reduce in place with two complementary binary trees, half the data on each (NCCL's tree)."""
     from . import api
 

@@ -18,8 +18,8 @@ One idea per module, each short enough to read top to bottom:
 ``sync_batchnorm``  :class:`SyncBatchNorm` against per-rank BatchNorm
 ``memory``          measured bytes of parameters, gradients, optimizer state
 ``pipeline/``       pipeline parallelism: stages, executor (schedules as data)
-``tensor``          Megatron tensor parallelism: f/g, column/row layers, GPT
-``sequence``        sequence parallelism: all-gather / reduce-scatter regions
+``tensor/``         Megatron tensor parallelism: f/g, column/row layers, GPT,
+                    and its extension, sequence parallelism (``tensor.sequence``)
 ``context``         context parallelism: ring attention, zig-zag split
 ``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
 ``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name

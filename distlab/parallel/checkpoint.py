@@ -53,6 +53,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distlab.collectives.buffers import Group
+
 from . import checkpoint_files as files
 from .checkpoint_files import CheckpointError, latest_checkpoint
 from .comm import Collectives, world
@@ -418,7 +420,7 @@ def _sharded(local: torch.Tensor, global_numel: int, mesh):
     )
 
 
-def _owned(group, tensor: torch.Tensor) -> torch.Tensor:
+def _owned(group: Group, tensor: torch.Tensor) -> torch.Tensor:
     """The unpadded part of a shard-sized tensor."""
     return tensor.detach()[: group.owned_numel]
 

@@ -30,7 +30,7 @@ a group the trace was not told about is named by its ranks (``"ranks 0,2"``).
 
 Per call it records the elements and **payload bytes** (the whole buffer:
 the tensor all-reduced or sent, the *output* of an all-gather, the *input* of
-a reduce-scatter, as :class:`distlab.calc.comm.CommPart` counts them) and the
+a reduce-scatter, as :class:`distlab.calc.volume.CommPart` counts them) and the
 **wire bytes** this rank sent: for distlab's collectives, what
 :func:`~distlab.collectives.count_traffic` counts inside the call; for a
 send, the tensor's bytes; for a receive, 0. A call on a one-rank group moves
@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from distlab.collectives.buffers import Group
 from distlab.collectives.traffic import count_traffic
 
 
@@ -99,7 +100,7 @@ def trace_comm() -> Iterator[CommTrace]:
         _active.reset(token)
 
 
-def group_ranks(group) -> tuple[int, ...]:
+def group_ranks(group: Group) -> tuple[int, ...]:
     """The global ranks of ``group`` (``None``: the whole world), in group-rank order."""
     if group is None or group is dist.group.WORLD:
         return tuple(range(dist.get_world_size()))
@@ -115,7 +116,7 @@ def name_groups(named: dict[str, object]) -> None:
             trace.names.setdefault(group_ranks(group), name)
 
 
-def traced(collective: str, group, tensor: torch.Tensor, *, name: str | None = None):
+def traced(collective: str, group: Group, tensor: torch.Tensor, *, name: str | None = None):
     """Context manager around one collective call on ``group`` with payload ``tensor``.
 
     ``name`` overrides the group's registered name (MoE's all-to-all is always

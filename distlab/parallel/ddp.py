@@ -49,6 +49,8 @@ from concurrent.futures import Future
 import torch
 from torch import nn
 
+from distlab.collectives.buffers import Group
+
 from .buckets import (
     DEFAULT_BUCKET_CAP_MB,
     ReadyInOrder,
@@ -67,7 +69,7 @@ class _Replicated(nn.Module):
 
     _tracker: ReadyInOrder
 
-    def __init__(self, module: nn.Module, algorithm: str, group, broadcast_buffers: bool):
+    def __init__(self, module: nn.Module, algorithm: str, group: Group, broadcast_buffers: bool):
         super().__init__()
         self.module = module
         self.comm = Collectives(algorithm, group)
@@ -106,7 +108,7 @@ class NaiveDDP(_Replicated):
         module: nn.Module,
         *,
         algorithm: str = "ring",
-        group=None,
+        group: Group = None,
         broadcast_buffers: bool = True,
     ):
         super().__init__(module, algorithm, group, broadcast_buffers)
@@ -179,7 +181,7 @@ class BucketedDDP(_Replicated):
         *,
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         algorithm: str = "ring",
-        group=None,
+        group: Group = None,
         overlap: bool = True,
         broadcast_buffers: bool = True,
     ):

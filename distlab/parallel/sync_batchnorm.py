@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from distlab.collectives.buffers import Group
+
 from .comm import Collectives
 
 
@@ -88,7 +90,7 @@ class SyncBatchNorm(nn.Module):
         eps: float = 1e-5,
         momentum: float = 0.1,
         algorithm: str = "ring",
-        group=None,
+        group: Group = None,
     ):
         super().__init__()
         if not isinstance(num_features, int) or num_features < 1:
@@ -121,7 +123,9 @@ class SyncBatchNorm(nn.Module):
         return y
 
     @classmethod
-    def convert(cls, module: nn.Module, *, algorithm: str = "ring", group=None) -> nn.Module:
+    def convert(
+        cls, module: nn.Module, *, algorithm: str = "ring", group: Group = None
+    ) -> nn.Module:
         """Replace every BatchNorm1d/2d/3d in ``module`` by a SyncBatchNorm with its state."""
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             sync = cls(

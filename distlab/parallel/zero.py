@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from distlab.collectives.buffers import Group
+
 from .buckets import (
     DEFAULT_BUCKET_CAP_MB,
     ReadyInOrder,
@@ -52,7 +54,7 @@ class ZeroOptimizer:
         *,
         stage: int = 1,
         algorithm: str = "ring",
-        group=None,
+        group: Group = None,
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         **optimizer_kwargs,
     ):

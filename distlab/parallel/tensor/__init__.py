@@ -9,7 +9,7 @@
 ``activations`` measured saved-for-backward bytes (saved-tensor hooks)
 ==============  ==============================================================
 
-Sequence parallelism is :mod:`distlab.parallel.sequence`, context
+Sequence parallelism is :mod:`distlab.parallel.tensor.sequence`, context
 parallelism (ring attention) :mod:`distlab.parallel.context`.
 """
 

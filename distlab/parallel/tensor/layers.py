@@ -13,7 +13,7 @@ Section 2.3. With t ranks:
 
 So a layer all-reduces its b x s x h output twice in forward (two g) and its
 input gradient twice in backward (two f). With ``sequence_parallel=True``
-(:mod:`distlab.parallel.sequence`) the LayerNorm regions hold s/t tokens and
+(:mod:`distlab.parallel.tensor.sequence`) the LayerNorm regions hold s/t tokens and
 each f/g pair becomes an all-gather and a reduce-scatter.
 
 Each parallel module is made with ``from_dense(module, comm)``: the rank's
@@ -32,8 +32,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from distlab.models import CausalSelfAttention, FeedForward, GPTBlock, dropout
-from distlab.parallel import sequence as sp
 
+from . import sequence as sp
 from .checks import check_divisible
 from .ops import TensorParallelComm, copy_to_tp, reduce_from_tp
 

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from distlab.models import GPT
-from distlab.parallel import sequence as sp
 
+from . import sequence as sp
 from .checks import check_divisible, check_same_on_every_rank, fingerprint
 from .layers import ParallelBlock
 from .ops import TensorParallelComm, copy_to_tp

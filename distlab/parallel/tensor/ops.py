@@ -15,7 +15,7 @@ and, where a tensor changes from split to whole, the split/gather pair::
 
 Sequence parallelism (Korthikanti et al. 2022, Section 4.2.2) replaces each
 all-reduce by an all-gather plus a reduce-scatter along the sequence; those
-operators live in :mod:`distlab.parallel.sequence` and use the same
+operators live in :mod:`distlab.parallel.tensor.sequence` and use the same
 :class:`TensorParallelComm`.
 
 Every collective goes through :class:`TensorParallelComm`, a

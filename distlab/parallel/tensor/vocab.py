@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.parallel import sequence as sp
-
+from . import sequence as sp
 from .ops import TensorParallelComm, all_gather, all_reduce, reduce_from_tp
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from distlab.parallel.tensor.ops import (
+from .ops import (
     TensorParallelComm,
     all_gather,
     all_reduce,
