@@ -7,7 +7,7 @@ For each expert-parallel size, one MoE layer (forward and backward) on real
 gloo ranks, with distlab's pairwise all-to-all and with the built-in one taking
 turns. Prints the median step time of the slowest rank and the bytes each rank
 sent through distlab's all-to-all per step, next to
-:func:`distlab.calc.comm.moe_all_to_all_comm`. ``--plot`` saves the expert
+:func:`distlab.calc.moe.moe_all_to_all_comm`. ``--plot`` saves the expert
 load of a short single-process training run with and without the
 load-balancing loss (:func:`distlab.viz.moe_plots.plot_expert_load`).
 """
@@ -18,7 +18,7 @@ import argparse
 import statistics
 
 import distlab
-from distlab.calc.comm import moe_all_to_all_comm
+from distlab.calc.moe import moe_all_to_all_comm
 
 ALGORITHMS = ("pairwise", "builtin")
 

@@ -18,7 +18,7 @@ four ways, all through :func:`distlab.parallel.three_d.train_3d` on gloo process
 and prints three things from one invocation:
 
 1. the communication of one traced TP2xPP2xDP2 step, per group and
-   collective, against :func:`distlab.calc.comm.three_d_comm`
+   collective, against :func:`distlab.calc.three_d.three_d_comm`
    (:func:`distlab.parallel.comm_table.trace_three_d`): with plain DP, with
    ZeRO-1 (its one-time broadcast included), and with the interleaved schedule
    (v = 2 chunks; only when 4 divides ``--layers`` and 2 ``--micro-batches``);

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from distlab.calc import comm
+from distlab.calc import comm, volume
 from distlab.sim.topology import IB_NDR, NVLINK4, Link
 
 
@@ -77,7 +77,7 @@ def test_pipeline_point_to_point():
 
 def test_time_on_link():
     link = Link("test", alpha=1e-5, bandwidth=1e10)
-    assert comm.time_on_link(1e9, link) == pytest.approx(1e-5 + 0.1)
+    assert volume.time_on_link(1e9, link) == pytest.approx(1e-5 + 0.1)
     v = comm.data_parallel_comm(1e9, dp=4)
     assert v.time_on(link) == pytest.approx(6 * 1e-5 + 1.5 * 2e9 / 1e10)
     # a tree pays 2 log2(K) latencies instead of 2(K-1); bandwidth term unchanged
@@ -100,8 +100,8 @@ def test_time_on_link():
             lambda: comm.tensor_parallel_comm(seq_len=8, micro_batch=1, hidden=8, layers=1, tp=0),
             "tp must be",
         ),
-        (lambda: comm.CommPart("x", "reduce", 4, 10), "collective 'reduce'"),
-        (lambda: comm.time_on_link(-1, NVLINK4), "n_bytes"),
+        (lambda: volume.CommPart("x", "reduce", 4, 10), "collective 'reduce'"),
+        (lambda: volume.time_on_link(-1, NVLINK4), "n_bytes"),
         (
             lambda: comm.data_parallel_comm(1e9, dp=8).time_on(NVLINK4, all_reduce="magic"),
             "all_reduce 'magic'",
@@ -116,12 +116,12 @@ def test_bad_input(call, match):
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_comm_parts_count_what_the_ring_schedules_send(collective, k):
-    """calc.comm's bytes and messages equal the ring schedule's, rank by rank (as sim.cost is)."""
+    """calc.volume's bytes and messages equal the ring schedule's, rank by rank (as sim.cost is)."""
     from distlab.sim.algorithms import lookup
 
     schedule = lookup("ring", collective).schedule(k)
     chunk = 1000  # bytes per chunk, so the payload divides evenly into k chunks
-    part = comm.CommPart("x", collective, k, payload_bytes=chunk * k)
+    part = volume.CommPart("x", collective, k, payload_bytes=chunk * k)
     for rank in range(k):
         sent = schedule.bytes_sent(rank, [chunk] * schedule.n_chunks)
         assert part.bytes_sent == pytest.approx(sent, rel=1e-12)
@@ -136,7 +136,7 @@ def test_broadcast_part_is_distlabs_binomial_tree(k):
     from distlab.collectives.tree import tree_broadcast_schedule
 
     schedule = tree_broadcast_schedule(k)
-    part = comm.CommPart("x", "broadcast", k, 1000, count=3)
+    part = volume.CommPart("x", "broadcast", k, 1000, count=3)
     total = sum(schedule.bytes_sent(r, [1000]) for r in range(k))
     assert part.bytes_sent * k == pytest.approx(3 * total) and total == (k - 1) * 1000
     assert part.messages == 3 * schedule.n_steps

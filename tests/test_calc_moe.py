@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from distlab.calc.comm import CommVolume, expert_capacity, moe_all_to_all_comm
+from distlab.calc import comm
+from distlab.calc.moe import expert_capacity, moe_all_to_all_comm
+from distlab.calc.volume import CommVolume
 
 
 @pytest.mark.parametrize(
@@ -36,6 +38,21 @@ def test_moe_volume_by_hand():
     assert volume.messages == 4 * 3 * 3  # ep - 1 messages per all-to-all
 
 
+def test_moe_micro_batches_repeat_every_all_to_all():
+    # each micro-batch routes its own tokens into its own padded buffer: same payload, m x calls
+    shape = {"tokens": 100, "hidden": 64, "num_experts": 8, "ep": 4, "moe_layers": 2}
+    one = moe_all_to_all_comm(**shape)
+    three = moe_all_to_all_comm(**shape, micro_batches=3)
+    assert [p.payload_bytes for p in three.parts] == [p.payload_bytes for p in one.parts]
+    assert [p.count for p in three.parts] == [3 * 2] * 4
+    assert three.total == 3 * one.total
+
+
+def test_calc_comm_still_offers_the_moe_names_notebooks_use():
+    assert comm.moe_all_to_all_comm is moe_all_to_all_comm
+    assert comm.expert_capacity is expert_capacity
+
+
 def test_moe_volume_without_expert_parallelism_is_zero():
     assert moe_all_to_all_comm(tokens=64, hidden=32, num_experts=4, ep=1).total == 0
 
@@ -43,6 +60,8 @@ def test_moe_volume_without_expert_parallelism_is_zero():
 def test_moe_bad_input():
     with pytest.raises(ValueError, match="num_experts=6 is not divisible by ep=4"):
         moe_all_to_all_comm(tokens=64, hidden=32, num_experts=6, ep=4)
+    with pytest.raises(ValueError, match="micro_batches"):
+        moe_all_to_all_comm(tokens=64, hidden=32, num_experts=4, ep=4, micro_batches=0)
     with pytest.raises(ValueError, match="top_k=3 must be <= num_experts=2"):
         expert_capacity(64, 2, top_k=3)
     with pytest.raises(ValueError, match="capacity_factor"):

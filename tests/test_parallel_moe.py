@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import distlab
-from distlab.calc.comm import expert_capacity, moe_all_to_all_comm
+from distlab.calc.moe import expert_capacity, moe_all_to_all_comm
 from distlab.parallel.moe import MoE, route
 
 HIDDEN, FFN, EXPERTS, TOKENS = 6, 10, 4, 12

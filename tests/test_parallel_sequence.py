@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import distlab
-from distlab.calc.comm import CommPart, tensor_parallel_comm
+from distlab.calc.comm import tensor_parallel_comm
 from distlab.calc.memory import activation_bytes_per_layer
+from distlab.calc.volume import CommPart
 from distlab.models import GPTBlock
 from distlab.parallel.tensor.layers import block_shard
 

@@ -8,7 +8,7 @@ groups (the replicas' batches; capacity is per group). Losses must match
 (rtol 1e-5: partial sums add in another order), every rank's final
 parameters must equal its slice (TP shard, its experts) of the reference,
 tokens must really be dropped as the capacity formula says, and the
-all-to-all bytes must equal :func:`distlab.calc.comm.moe_all_to_all_comm`.
+all-to-all bytes must equal :func:`distlab.calc.moe.moe_all_to_all_comm`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import distlab
-from distlab.calc.comm import expert_capacity, moe_all_to_all_comm
+from distlab.calc.moe import expert_capacity, moe_all_to_all_comm
 from distlab.models import GPTConfig, gpt_batch
 from distlab.parallel.moe_gpt import MoEConfig
 

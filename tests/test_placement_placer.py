@@ -1,12 +1,18 @@
 """place(): where ranks go, the rules it keeps, the score, and the errors it gives."""
 
-
 import numpy as np
 import pytest
 
+from distlab.calc import comm
+from distlab.calc.moe import moe_all_to_all_comm
 from distlab.placement import Job, Workload, compare_placements, place, rank_groups
 from distlab.placement.cluster import ROUTE_KINDS, edge_costs, resolve_cluster
-from distlab.placement.score import comm_volumes
+from distlab.placement.score import (
+    MOE_CAPACITY_FACTOR,
+    MOE_TOP_K,
+    comm_volumes,
+    dimension_volumes,
+)
 from distlab.sim.topology import PRESETS, preset
 
 
@@ -118,13 +124,73 @@ def test_ep_stays_in_node_when_it_fits():
 
 def test_volumes_scale_with_degrees():
     w = Workload()
-    vols = {v.dimension: v for v in comm_volumes(Job(tp=4, pp=2, dp=2, cp=2), w)}
-    assert len(vols) == 4  # one merged entry per dimension with ZeRO stage 0
+    volumes = dimension_volumes(Job(tp=4, pp=2, dp=2, cp=2), w)
+    assert all(len(v.parts) == 1 for v in volumes.values())  # merged; ZeRO stage 0
+    vols = {name: v.parts[0] for name, v in volumes.items()}
+    assert list(vols) == ["tp", "cp", "pp", "dp"]
     act = w.micro_batch * w.seq_len / 2 * w.hidden * w.bytes_per_value
-    assert vols["tp"].n_bytes == act and vols["tp"].calls == 4 * 16 * 8
-    assert vols["pp"].calls == 2 * 8 and vols["pp"].n_bytes == act / 4  # scatter/gather over tp
-    assert vols["dp"].n_bytes == pytest.approx(w.params / 8 * 2)
-    assert vols["cp"].calls == 3 * 1 * 16 * 8
+    assert vols["tp"].payload_bytes == act and vols["tp"].count == 4 * 16 * 8
+    assert vols["pp"].count == 2 * 8 and vols["pp"].payload_bytes == act / 4  # over tp
+    assert vols["dp"].payload_bytes == pytest.approx(w.params / 8 * 2)
+    assert vols["cp"].count == 3 * 1 * 16 * 8 and vols["cp"].payload_bytes == 2 * act
+    rows = comm_volumes(Job(tp=4, pp=2, dp=2, cp=2), w)  # the rows notebook 09 prints
+    assert [(r.dimension, r.n_bytes, r.calls) for r in rows] == [
+        (name, p.payload_bytes, p.count) for name, p in vols.items()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("job", "workload"),
+    [
+        (Job(tp=2, dp=8, ep=4), Workload(layers=32, hidden=4096)),
+        (Job(dp=16, ep=8), Workload(layers=8, hidden=1024, seq_len=1000, micro_batches=2)),
+        (Job(tp=2, cp=2, dp=4, pp=2, ep=8), Workload(layers=6, seq_len=777, micro_batch=3)),
+    ],
+)
+def test_expert_parallel_bytes_are_the_calculators(job, workload):
+    """One formula for EP: the score prices calc.moe's all-to-alls, capacity padding included."""
+    calc = moe_all_to_all_comm(
+        tokens=workload.micro_batch * -(-workload.seq_len // job.cp),
+        hidden=workload.hidden,
+        num_experts=job.ep,
+        ep=job.ep,
+        top_k=MOE_TOP_K,
+        capacity_factor=MOE_CAPACITY_FACTOR,
+        moe_layers=-(-workload.layers // job.pp),
+        micro_batches=workload.micro_batches,
+        bytes_per_element=workload.bytes_per_value,
+    )
+    assert dimension_volumes(job, workload)["ep"].total == calc.total
+    cost = place(job, preset("dgx-h100", nodes=job.world_size // 8 or 1)).score(workload)
+    ep = cost.part("ep")
+    assert ep.bytes_sent == pytest.approx(calc.total)
+    assert ep.n_bytes * ep.calls == pytest.approx(
+        sum(p.payload_bytes * p.count for p in calc.parts)
+    )
+    assert ep.n_bytes > workload.micro_batch * workload.seq_len / job.cp * workload.hidden * 2
+
+
+def test_score_prices_the_calculators_messages_and_bytes():
+    """Every dimension's time per call is calc's messages x alpha + bytes sent / bandwidth."""
+    job = Job(tp=2, cp=2, dp=4, pp=2, ep=2, workload=Workload(layers=4, zero_stage=3))
+    for part in place(job, preset("dgx-h100", nodes=4)).score().parts:
+        rounds = 2 if part.collective == "all_reduce" else 1  # ring: (n-1) messages per round
+        sent = part.bytes_sent / part.calls
+        want = rounds * (part.group_size - 1) * part.alpha + sent / part.bandwidth
+        if part.collective == "send_recv":  # one message of the whole payload
+            want = part.alpha + part.n_bytes / part.bandwidth
+        assert part.time_per_call_s == pytest.approx(want), part
+
+
+def test_context_parallel_volume_is_ring_attention():
+    volume = comm.context_parallel_comm(
+        seq_len=100, micro_batch=2, hidden=8, layers=3, cp=4, micro_batches=5
+    )
+    kv = 2 * 100 * 2 * 8 * 2  # K and V blocks of the rank's tokens, bf16
+    assert {p.payload_bytes for p in volume.parts} == {kv}
+    assert volume.messages == 3 * 3 * 3 * 5  # 3 (cp-1) per layer and micro-batch
+    assert volume.total == kv * volume.messages
+    assert comm.context_parallel_comm(seq_len=1, micro_batch=1, hidden=1, layers=1, cp=1).total == 0
 
 
 def test_zero_stages_change_only_data_parallel_traffic():

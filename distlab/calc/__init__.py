@@ -9,13 +9,19 @@ FLOPs throughout; :mod:`~distlab.core.units` formats GB (1e9) and GiB (2^30).
 * :mod:`~distlab.calc.pipeline`: bubble fractions and in-flight micro-batches
   (Narayanan et al. 2021), and the GPipe/1F1B/interleaved schedules as data;
 * :mod:`~distlab.calc.flops`: 6N, the Megatron-LM step formula, MFU, step time;
-* :mod:`~distlab.calc.comm`: bytes per GPU for DDP, ZeRO, FSDP, TP and PP;
+* :mod:`~distlab.calc.comm`: bytes per GPU for DDP, ZeRO, FSDP, TP, PP and CP,
+  from the parts of :mod:`~distlab.calc.volume` (bytes and messages of one
+  collective, time on a link);
+* :mod:`~distlab.calc.moe`: expert capacity and expert parallelism's all-to-alls;
+* :mod:`~distlab.calc.buckets`: the gradient buckets DDP and ZeRO cut;
 * :mod:`~distlab.calc.scaling`: Amdahl, Gustafson, linear LR scaling, batch;
 * :mod:`~distlab.calc.storage`: tokenized data read per second, checkpoint
   bytes and write time;
 * :mod:`~distlab.calc.transformer`: model shapes and presets (1B ... 175B);
 * :mod:`~distlab.calc.planner`: enumerate and rank 3D-parallel layouts
-  (``distlab plan``; loaded on first use).
+  (``distlab plan``; loaded on first use: it imports numpy for the rank layout);
+* :mod:`~distlab.calc.three_d`: what each rank of distlab's ``train_3d`` sends,
+  and that layout's step time beside the planner's (imported by name).
 
 Example::
 
@@ -28,21 +34,24 @@ from __future__ import annotations
 
 import importlib
 
-from . import comm, flops, memory, pipeline, scaling, storage, transformer
+from . import buckets, comm, flops, memory, moe, pipeline, scaling, storage, transformer, volume
 
 __all__ = [
+    "buckets",
     "comm",
     "flops",
     "memory",
+    "moe",
     "pipeline",
     "planner",
     "scaling",
     "storage",
     "transformer",
+    "volume",
 ]
 
 
 def __getattr__(name: str):
-    if name == "planner":  # imports distlab.sim.topology; loaded when first used
+    if name == "planner":  # imports distlab.sim.topology and numpy; loaded when first used
         return importlib.import_module(f"{__name__}.planner")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from distlab.core.checks import divisors, fraction, positive, positive_int
+from distlab.core.ranks import group_array
 from distlab.core.units import GB, format_seconds
 
 from ..sim.topology import ClusterSpec, Link, network_link
@@ -337,8 +338,6 @@ class _Context:
         :func:`distlab.sim.topology.group_link`; cached per (tp, dp, pp)."""
         key = (c.tp, c.dp, c.pp)
         if key not in self._links:
-            from distlab.core.ranks import group_array
-
             world, degrees = self.cluster.world_size, {"tp": c.tp, "dp": c.dp, "pp": c.pp}
             self._links[key] = tuple(
                 topology_group_link(self.cluster, group_array(world, d, **degrees))

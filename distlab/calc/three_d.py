@@ -1,31 +1,50 @@
-"""A TP x PP x DP layout's traffic per group and its step time on a modelled cluster.
+"""distlab's TP x PP x DP run counted: what each rank of ``train_3d`` sends, and its time.
 
-Pure Python. Three questions about one layout (tp, pp, dp, micro-batches):
+Pure Python, beside the planner. The mirror of
+:func:`distlab.parallel.three_d.train_3d` (the one in :mod:`distlab.parallel` runs
+it on torch; this one counts it without torch):
 
-* :func:`job_comm_totals`: what every rank of the job sends, per group and
-  collective, summed over the ranks (:func:`distlab.calc.comm.three_d_comm`
-  for each rank's pipeline stage, with plain DP or ZeRO-1 and 1F1B or the
-  interleaved schedule): the numbers a trace of one step must equal;
+* :func:`three_d_comm`: the bytes one rank of a pipeline stage sends per step, per
+  process group, as ``train_3d`` runs (plain DP or ZeRO-1, 1F1B or the interleaved
+  schedule); :func:`rank_volumes` for every rank;
+* :func:`job_comm_totals`: those summed over the ranks per group and collective: the
+  numbers a trace of one step must equal (:mod:`distlab.parallel.comm_table`);
 * :func:`layout_step_time`: the planner's estimate of that one layout
   (:func:`distlab.calc.planner.evaluate`: compute at an assumed efficiency,
   TP and PP communication on the critical path, the 1F1B bubble, exposed DP
   communication) side by side with each group's communication time on the
   link its ranks get (:func:`distlab.sim.topology.group_link`: NVLink inside
   a node, the node's share of InfiniBand across nodes), from the same
-  :func:`~distlab.calc.comm.three_d_comm` volumes;
+  :func:`three_d_comm` volumes;
 * :func:`gpt_spec`: the :class:`~distlab.calc.transformer.ModelSpec` of
   distlab's tiny GPT (:class:`distlab.models.GPTConfig`'s fields), and
   :func:`gpt_layer_buffers` the buffers each of its layers keeps.
+
+It stays in :mod:`distlab.calc`, not beside ``train_3d``: :func:`layout_step_time`
+prices these volumes next to the planner without importing torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from distlab.core.checks import choice, divides, positive_int
+from distlab.core.ranks import group_array
 
 from ..sim.topology import ClusterSpec, group_link
-from .comm import CommVolume, three_d_comm
+from .buckets import zero_flat_groups
+from .comm import (
+    data_parallel_comm,
+    pipeline_parallel_comm,
+    tensor_parallel_comm,
+    vocab_parallel_comm,
+)
+from .memory import get_recipe
 from .planner import ParallelConfig, PlannerAssumptions, StepEstimate, evaluate
-from .transformer import ModelSpec
+from .transformer import ModelSpec, rank_parameter_tensors
+from .volume import CommPart, CommVolume
 
 #: measured collective names for calc's ``send_recv`` parts
 _MEASURED_NAME = {"send_recv": "send"}
@@ -44,12 +63,148 @@ def gpt_layer_buffers(spec: ModelSpec) -> tuple[int, ...]:
     return (spec.seq_len**2,)
 
 
+def three_d_comm(
+    spec,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    micro_batch: int,
+    micro_batches: int,
+    stage: int,
+    bytes_per_element: int = 2,
+    zero_stage: int = 0,
+    chunks: int = 1,
+    layer_buffers: Sequence[int] = (),
+) -> dict[str, CommVolume]:
+    """Bytes one rank of pipeline stage ``stage`` sends per step of a TP x PP x DP job,
+    per process group: distlab's :func:`distlab.parallel.three_d.train_3d` as it runs.
+
+    ``spec`` is a :class:`~distlab.calc.transformer.ModelSpec`; ``micro_batch``
+    sequences per micro-batch, ``micro_batches`` (m) per replica; ``chunks`` (v)
+    model chunks per rank for the interleaved schedule (1: 1F1B, GPipe or
+    ZB-H1, which all send the same messages). Groups:
+
+    * ``"tp"``: :func:`~distlab.calc.comm.tensor_parallel_comm` for the stage's ``layers / pp``
+      layers (however they are cut into chunks) plus :func:`~distlab.calc.comm.vocab_parallel_comm`
+      (embedding on the first stage, head and loss on the last);
+    * ``"pp"``: :func:`~distlab.calc.comm.pipeline_parallel_comm`'s sends with ``virtual_stages=v``,
+      those this stage makes. Chunk c of stage s is virtual stage c p + s; every
+      virtual stage but the last sends its activations once per micro-batch and
+      every one but the first its input's gradient, so stage s sends
+      m (v - [s = p-1]) activations and m (v - [s = 0]) gradients: v times the
+      boundaries of 1F1B (Narayanan et al. 2021, Section 2.2.2). Every tp rank
+      sends the whole b x s x h tensor, as distlab does (``tp=1`` there:
+      Megatron's scatter/gather would send 1/tp of it);
+    * ``"embedding"``: with tied embeddings and pp > 1, the first and last
+      stages swap their parts of the embedding's gradient (one message each,
+      ``ceil(V/tp) x h``; Narayanan et al. 2021, Section 3);
+    * ``"dp"``, over the rank's parameters
+      (:func:`~distlab.calc.transformer.rank_parameter_tensors`):
+
+      - ``zero_stage=0``: :func:`~distlab.calc.comm.data_parallel_comm`'s gradient all-reduce as
+        one all-reduce per parameter tensor (``train_3d`` averages tensor by
+        tensor, no buckets);
+      - ``zero_stage=1``: :func:`~distlab.calc.comm.data_parallel_comm` with ``zero_stage=1`` per
+        flat group of :class:`~distlab.parallel.zero.ZeroOptimizer`
+        (:func:`~distlab.calc.buckets.zero_flat_groups`: 25 MiB buckets, each padded to a multiple
+        of dp): one reduce-scatter of the gradients and one all-gather of the
+        updated parameters, 2 (dp-1)/dp Ψ_g per group, as much as the
+        all-reduce it replaces (Rajbhandari et al. 2020, Section 7.2.1). Plus,
+        **once per run, not per step**, the broadcast of every parameter and
+        buffer (``layer_buffers``: elements of each layer's buffers, such as
+        distlab's GPT's causal mask) from the dp group's first rank, when the
+        optimizer is built (:func:`~distlab.parallel.comm.broadcast_module_state`):
+        a trace of k steps holds k times the other parts and this one once;
+
+      and on the last stage the all-reduce of the loss (one float64) for the
+      step's report.
+
+    Not modelled: the shape headers distlab's pipeline executor sends before
+    each tensor (8 int64, 64 bytes), and the one-time checks when the model is
+    built (they run outside :class:`~distlab.parallel.comm.Collectives`).
+    Empty volumes for groups of one rank.
+    """
+    choice("zero_stage", zero_stage, (0, 1))
+    v = positive_int("chunks", chunks)
+    divides("pp * chunks", pp * v, "layers", spec.layers)
+    if pp == 1 and v > 1:  # as train_3d: one stage has no boundary to interleave
+        raise ValueError(f"chunks={v} needs pp >= 2: one pipeline stage has nothing to interleave")
+    shape = {"seq_len": spec.seq_len, "micro_batch": micro_batch, "hidden": spec.hidden}
+    m, bpe = micro_batches, bytes_per_element
+    first, last = stage == 0, stage == pp - 1
+    tensors = rank_parameter_tensors(spec, tp=tp, pp=pp, stage=stage)
+    tp_parts = tensor_parallel_comm(
+        **shape, layers=spec.layers // pp, tp=tp, micro_batches=m, bytes_per_element=bpe
+    ).parts
+    tp_parts += vocab_parallel_comm(
+        **shape, tp=tp, micro_batches=m, first_stage=first, last_stage=last, bytes_per_element=bpe
+    ).parts
+    sends = pipeline_parallel_comm(
+        **shape, micro_batches=m, pp=pp, tp=1, virtual_stages=v, bytes_per_element=bpe
+    ).parts  # (activations to next stage, gradients to previous stage), m v of each
+    counts = (m * (v - int(last)), m * (v - int(first)))
+    pp_parts = tuple(replace(part, count=n) for part, n in zip(sends, counts) if n)
+    tied = spec.tied_embeddings and pp > 1 and (first or last)
+    embedding = (-(-spec.vocab // tp)) * spec.hidden * bpe
+    tied_parts = (CommPart("tied embedding gradient", "send_recv", 2, embedding),) if tied else ()
+    dp_parts: tuple = ()
+    if dp > 1:
+        if zero_stage == 0:
+            dp_parts = _gradient_all_reduces(tensors, dp=dp, bytes_per_element=bpe)
+        else:
+            buffers = tuple(layer_buffers) * (spec.layers // pp)
+            dp_parts = _zero1_flat_groups(tensors, dp=dp, bytes_per_element=bpe)
+            dp_parts += _setup_broadcasts(tensors + buffers, dp=dp, bytes_per_element=bpe)
+        if last:
+            dp_parts += (CommPart("loss average (float64)", "all_reduce", dp, 8),)
+    return {
+        "tp": CommVolume("tensor parallel", tp_parts if tp > 1 else ()),
+        "pp": CommVolume("pipeline parallel", pp_parts),
+        "embedding": CommVolume("tied embedding", tied_parts),
+        "dp": CommVolume("data parallel", dp_parts),
+    }
+
+
+def _gradient_all_reduces(tensors, *, dp: int, bytes_per_element: int) -> tuple[CommPart, ...]:
+    """One all-reduce per tensor: one part per tensor size, exact in integers."""
+    parts: tuple[CommPart, ...] = ()
+    for size, n in sorted(Counter(tensors).items()):
+        (grads,) = data_parallel_comm(size, dp=dp, bytes_per_grad=bytes_per_element).parts
+        parts += (replace(grads, what=f"gradient all-reduce, {size}-element tensors", count=n),)
+    return parts
+
+
+def _zero1_flat_groups(tensors, *, dp: int, bytes_per_element: int) -> tuple[CommPart, ...]:
+    """ZeRO-1's reduce-scatter and all-gather of each padded flat group (one part per size)."""
+    bpe = bytes_per_element
+    flat = zero_flat_groups(tensors, dp=dp, bytes_per_element=bpe)
+    parts: tuple[CommPart, ...] = ()
+    for size, n in sorted(Counter(flat).items()):
+        volume = data_parallel_comm(size, dp=dp, zero_stage=1, bytes_per_param=bpe,
+                                    bytes_per_grad=bpe)  # fmt: skip
+        parts += tuple(
+            replace(p, what=f"{p.what}, {size}-element flat groups", count=n) for p in volume.parts
+        )
+    return parts
+
+
+def _setup_broadcasts(tensors, *, dp: int, bytes_per_element: int) -> tuple[CommPart, ...]:
+    """One broadcast per parameter and buffer when ZeRO is built: once per run."""
+    what = "broadcast at construction (once per run), {}-element tensors"
+    sizes = Counter(t for t in tensors if t)  # empty tensors are not broadcast
+    return tuple(
+        CommPart(what.format(size), "broadcast", dp, size * bytes_per_element, n)
+        for size, n in sorted(sizes.items())
+    )
+
+
 def rank_volumes(
     spec: ModelSpec, *, tp: int, pp: int, dp: int, micro_batch: int, micro_batches: int,
     bytes_per_element: int = 4, zero_stage: int = 0, chunks: int = 1,
     layer_buffers: tuple[int, ...] = (),
 ) -> list[dict[str, CommVolume]]:  # fmt: skip
-    """:func:`~distlab.calc.comm.three_d_comm` of every rank, in rank order
+    """:func:`three_d_comm` of every rank, in rank order
     (Megatron's numbering: pipeline stage = rank // (tp * dp))."""
     per_stage = [
         three_d_comm(spec, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
@@ -116,9 +271,9 @@ def layout_step_time(
     + exposed DP``, in the recipe of ``assumptions`` (bf16 with Adam by
     default; Narayanan et al. 2021, Section 2.2 for the bubble). The
     simulator side is, for each group, the busiest rank's
-    :func:`~distlab.calc.comm.three_d_comm` volume in the same element size
+    :func:`three_d_comm` volume in the same element size
     run one collective after another on the group's link
-    (:meth:`~distlab.calc.comm.CommVolume.time_on`: messages x alpha + bytes /
+    (:meth:`~distlab.calc.volume.CommVolume.time_on`: messages x alpha + bytes /
     bandwidth, Hockney 1994). The per-group times count whole steps, not one
     micro-batch, and do not overlap anything: compare them with the planner's
     ``tp_comm_s``, ``pp_comm_s`` and ``dp_comm_s``. The planner uses one
@@ -129,10 +284,6 @@ def layout_step_time(
     a = assumptions or PlannerAssumptions()
     config = ParallelConfig(tp, pp, dp, 0, micro_batch, micro_batches, "none")
     estimate = evaluate(spec, cluster, config, assumptions=a)
-    from distlab.core.ranks import group_array
-
-    from .memory import get_recipe
-
     bpe = get_recipe(a.recipe).grad_bytes
     volumes = rank_volumes(spec, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
                            micro_batches=micro_batches, bytes_per_element=bpe)  # fmt: skip

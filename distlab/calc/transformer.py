@@ -210,7 +210,7 @@ def rank_parameter_tensors(
     The order is the module's (``model.parameters()`` of distlab's GPT stage:
     embeddings; per layer norm, q, k, v, output projection, norm, MLP, each
     weight before its bias; final norm; output layer), which fixes where
-    :func:`distlab.calc.comm.zero_flat_groups` cuts its buckets.
+    :func:`distlab.calc.buckets.zero_flat_groups` cuts its buckets.
     """
     t, p = positive_int("tp", tp), positive_int("pp", pp)
     if not isinstance(stage, int) or not 0 <= stage < p:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from distlab.calc.comm import (
+from distlab.calc.buckets import (
     BYTES_PER_MB,
     DEFAULT_BUCKET_CAP_MB,  # noqa: F401 (re-exported)
     bucket_indices,
@@ -48,7 +48,7 @@ def bucket_cap_bytes(bucket_cap_mb: float) -> float:
 
 def assign_buckets(params: Sequence[torch.nn.Parameter], cap_bytes: float) -> list[list]:
     """Cut ``params`` (already in the order gradients are expected) into buckets of
-    about ``cap_bytes``: PyTorch's rule, :func:`distlab.calc.comm.bucket_indices`.
+    about ``cap_bytes``: PyTorch's rule, :func:`distlab.calc.buckets.bucket_indices`.
     (With the *default* cap, PyTorch makes the first bucket only 1 MiB, so the
     first all-reduce starts sooner; distlab uses one cap for every bucket.)
     """

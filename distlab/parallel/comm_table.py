@@ -7,7 +7,7 @@ Summing over ranks makes distlab's ring exact for any element count: a ring
 all-reduce of n elements over K ranks sends each of its K chunks K - 1 times
 in the reduce-scatter and K - 1 times in the all-gather, 2 (K-1) n elements in
 all, which is K times the per-rank 2 (K-1)/K n of
-:class:`distlab.calc.comm.CommPart` (one rank alone sends 2n minus the two
+:class:`distlab.calc.volume.CommPart` (one rank alone sends 2n minus the two
 chunks it never sends, equal to the formula only when K divides n).
 A row the calculator does not model shows ``-`` and ``not modelled``.
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
+
 from distlab.calc.three_d import (
     Totals,
     gpt_layer_buffers,
@@ -28,8 +30,11 @@ from distlab.calc.three_d import (
     rank_volumes,
 )
 from distlab.core.units import format_bytes
+from distlab.launch import run
+from distlab.models import gpt_batch
 
-from .comm_trace import CommCall
+from .comm_trace import CommCall, trace_comm
+from .three_d import train_3d
 
 
 @dataclass(frozen=True)
@@ -123,10 +128,8 @@ def trace_three_d(
 ) -> list[TraceRow]:  # fmt: skip
     """Trace one ``train_3d`` step on ``tp * pp * dp`` gloo processes; the table's rows.
     ``zero_stage``, ``schedule`` and ``chunks`` are passed to ``train_3d``."""
-    import distlab
-
     options = {"zero_stage": zero_stage, "schedule": schedule, "chunks": chunks}
-    calls = distlab.run(
+    calls = run(
         _traced_step, tp * pp * dp, args=(config, tp, pp, dp, batch, micro_batches, options),
         timeout=timeout,
     )  # fmt: skip
@@ -140,12 +143,6 @@ def _traced_step(
     rank, world_size, config, tp, pp, dp, batch, micro_batches, options=None
 ) -> list[CommCall]:
     """One ``train_3d`` step (SGD, ``options`` such as ``zero_stage``) inside ``trace_comm``."""
-    import torch
-
-    from distlab.models import gpt_batch
-    from distlab.parallel.comm_trace import trace_comm
-    from distlab.parallel.three_d import train_3d
-
     torch.set_num_threads(1)
     tokens, targets = gpt_batch(batch, config, seed=1)
     with trace_comm() as trace:

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from distlab.models import MLP
+
 from .buckets import DEFAULT_BUCKET_CAP_MB
 from .ddp import BucketedDDP, NaiveDDP
 from .trace import StepTrace
@@ -91,8 +93,6 @@ def time_ddp_variants(
     rank's batch has ``batch`` samples; the model is
     ``distlab.models.MLP(sizes)``.
     """
-    from distlab.models import MLP
-
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ValueError(f"variants must be a non-empty subset of {VARIANTS}, got {variants!r}")

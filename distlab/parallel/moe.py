@@ -20,7 +20,7 @@ experts. The buffer's block ``j`` (the slots of rank ``j``'s experts) is sent
 to rank ``j`` by an **all-to-all** (dispatch), the experts run on the tokens
 of every rank, and a second all-to-all sends the results back (combine). The
 backward pass runs the same two all-to-alls on the gradients, so one layer
-costs 4 all-to-alls per step (:func:`distlab.calc.comm.moe_all_to_all_comm`).
+costs 4 all-to-alls per step (:func:`distlab.calc.moe.moe_all_to_all_comm`).
 
 The load-balancing loss (Switch Transformer eq. 4) is
 ``E * sum_i f_i * P_i`` with ``f_i`` the fraction of tokens whose first choice
@@ -42,9 +42,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.calc.comm import expert_capacity
+from distlab.calc.moe import expert_capacity
 from distlab.collectives import all_to_all
 from distlab.core.checks import positive_int
+from distlab.parallel.comm import Collectives
 from distlab.parallel.comm_trace import traced
 
 #: ``"pairwise"``: distlab's all-to-all (send/recv); ``"builtin"``: ``dist.all_to_all_single``.
@@ -80,7 +81,7 @@ def route(logits: torch.Tensor, *, top_k: int, capacity: int) -> Routing:
     """Top-k routing with capacity ``capacity`` per expert (see the module docstring).
 
     ``logits``: ``(tokens, experts)``; ``top_k`` in 1..experts; ``capacity`` >= 1 slots
-    per expert (:func:`~distlab.calc.comm.expert_capacity`). Anything else is refused with
+    per expert (:func:`~distlab.calc.moe.expert_capacity`). Anything else is refused with
     a ``ValueError`` naming it: a capacity of 0 would drop every token."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a (tokens, experts) tensor, got {type(logits).__name__}")
@@ -286,8 +287,6 @@ def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") ->
     ``mesh``: a :class:`distlab.parallel.mesh.ParallelMesh`; ``algorithm`` as in
     :class:`distlab.parallel.comm.Collectives`.
     """
-    from .comm import Collectives
-
     dense = Collectives(algorithm, group=mesh["dp-cp"])
     expert = Collectives(algorithm, group=mesh["expert_dp"])
     data_parallel = mesh.size("dp-cp")

@@ -1,7 +1,8 @@
 """Placement: put parallel jobs on GPU clusters, one by hand or many with a scheduler.
 
 * :func:`rank_groups`: the process groups of a tp x cp x dp x pp (x ep) job, Megatron-core's convention;
-* :func:`place`, :class:`Placement`: rank -> (node, GPU), checked, explained and scored;
+* :func:`place`, :class:`Placement`: rank -> (node, GPU), checked, explained and scored
+  (:func:`dimension_volumes`: what each dimension sends, from :mod:`distlab.calc`);
 * :func:`compare_placements`: hierarchical vs rank order vs TP outermost vs random.
 
 Pure Python plus numpy; no torch.
@@ -14,7 +15,7 @@ from distlab.core.ranks import DEFAULT_ORDER, rank_groups
 from .cluster import nvlink_group_limit, resolve_cluster
 from .jobs import Job, Workload
 from .placer import STRATEGIES, Placement, compare_placements, place
-from .score import CommScore, DimensionCost, comm_volumes
+from .score import CommScore, DimensionCost, comm_volumes, dimension_volumes
 
 __all__ = [
     "DEFAULT_ORDER",
@@ -26,6 +27,7 @@ __all__ = [
     "Workload",
     "comm_volumes",
     "compare_placements",
+    "dimension_volumes",
     "nvlink_group_limit",
     "place",
     "rank_groups",

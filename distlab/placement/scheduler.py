@@ -25,16 +25,16 @@ A job's work is ``duration_s`` seconds at full ``dp``; with ``dp' < dp`` it
 runs at rate ``dp' / dp`` (the same global batch per step, fewer replicas).
 While running it computes ``checkpoint_interval_s`` then spends
 ``checkpoint_s`` saving, over and over; work is safe once a save has finished.
-Every GPU-second is accounted for in :class:`JobRecord` (useful, lost to
-preemption or failure, restarts, checkpoints); :mod:`distlab.placement.stats`
-summarises a run.
+Every GPU-second is accounted for in a :class:`~distlab.placement.records.JobRecord`
+(useful, lost to preemption or failure, restarts, checkpoints);
+:mod:`distlab.placement.stats` summarises a run.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,6 +52,8 @@ from .allocate import (
 )
 from .cluster import nvlink_group_limit, resolve_cluster
 from .jobs import Job
+from .records import JobRecord, TimelinePoint
+from .stats import ScheduleStats, schedule_stats
 
 SUBMIT, FINISH, FAIL, RECOVER = "submit", "finish", "fail", "recover"
 
@@ -87,41 +89,6 @@ def random_failures(
 
 
 @dataclass
-class JobRecord:
-    """What happened to one job. Times in seconds; ``*_gpu_s`` in GPU-seconds."""
-
-    job: Job
-    state: str = "waiting"  # waiting, running, done, infeasible
-    reason: str = ""
-    first_start_s: float | None = None
-    end_s: float | None = None
-    wait_s: float = 0.0  # total time queued (first wait and every requeue)
-    work_done_s: float = 0.0  # work saved or finished, in seconds at full dp
-    preemptions: int = 0
-    failures: int = 0
-    resizes: int = 0
-    lost_preemption_gpu_s: float = 0.0
-    lost_failure_gpu_s: float = 0.0
-    restart_gpu_s: float = 0.0
-    checkpoint_gpu_s: float = 0.0
-    useful_gpu_s: float = 0.0
-    segments: list[tuple[float, float, int, tuple[int, ...]]] = field(default_factory=list)
-    queued_since: float = 0.0
-
-
-@dataclass(frozen=True)
-class TimelinePoint:
-    """The cluster after the scheduler acted at ``time_s``."""
-
-    time_s: float
-    busy_gpus: int
-    up_gpus: int
-    waiting: int
-    stranded: float  # stranded_fraction for the smallest waiting TP group
-    partial: float  # partial_node_fraction
-
-
-@dataclass
 class ScheduleResult:
     """A finished simulation: one :class:`JobRecord` per job and the cluster's timeline."""
 
@@ -132,11 +99,11 @@ class ScheduleResult:
     timeline: list[TimelinePoint]
     events: int
 
-    def stats(self):
+    def stats(self) -> ScheduleStats:
         """Summary numbers (:func:`distlab.placement.stats.schedule_stats`)."""
-        from .stats import schedule_stats
-
-        return schedule_stats(self)
+        return schedule_stats(
+            self.records, self.timeline, policy=self.policy, world_size=self.cluster.world_size
+        )
 
 
 @dataclass

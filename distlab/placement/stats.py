@@ -1,17 +1,21 @@
 """Numbers that summarise a scheduler run: utilisation, waits, lost work, fragmentation.
 
-Time averages weight each :class:`~distlab.placement.scheduler.TimelinePoint`
+Time averages weight each :class:`~distlab.placement.records.TimelinePoint`
 by how long the cluster stayed in that state (until the next point), over
 ``[first submission, last event]``. GPU-hours are ``GPU-seconds / 3600``.
+The functions take a run's records and timeline, so a
+:class:`~distlab.placement.scheduler.ScheduleResult` summarises itself with
+``result.stats()``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .scheduler import ScheduleResult
+from .records import JobRecord, TimelinePoint
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,10 @@ class ScheduleStats:
         return rows
 
 
-def timeline_arrays(result: ScheduleResult) -> dict[str, np.ndarray]:
-    """The timeline as arrays: ``time_s``, ``busy``, ``up``, ``waiting``, ``stranded``, ``partial``,
-    and ``dt`` (how long each state lasted; the last lasts 0)."""
-    tl = result.timeline
+def timeline_arrays(timeline: Sequence[TimelinePoint]) -> dict[str, np.ndarray]:
+    """A run's timeline as arrays: ``time_s``, ``busy``, ``up``, ``waiting``, ``stranded``,
+    ``partial``, and ``dt`` (how long each state lasted; the last lasts 0)."""
+    tl = timeline
     t = np.array([p.time_s for p in tl], dtype=float)
     return {
         "time_s": t,
@@ -101,10 +105,17 @@ def timeline_arrays(result: ScheduleResult) -> dict[str, np.ndarray]:
     }
 
 
-def schedule_stats(result: ScheduleResult) -> ScheduleStats:
-    """Summarise ``result`` (see the module docstring for how averages are taken)."""
-    recs = result.records
-    arr = timeline_arrays(result)
+def schedule_stats(
+    records: Sequence[JobRecord],
+    timeline: Sequence[TimelinePoint],
+    *,
+    policy: str,
+    world_size: int,
+) -> ScheduleStats:
+    """Summarise a run on ``world_size`` GPUs: its job ``records`` and ``timeline``
+    (see the module docstring for how averages are taken)."""
+    recs = records
+    arr = timeline_arrays(timeline)
     total_time = float(arr["dt"].sum())
 
     def time_avg(values: np.ndarray) -> float:
@@ -120,13 +131,13 @@ def schedule_stats(result: ScheduleResult) -> ScheduleStats:
     }
     gpu_h = 1 / 3600
     return ScheduleStats(
-        policy=result.policy,
+        policy=policy,
         jobs=len(recs),
         completed=sum(r.state == "done" for r in recs),
         infeasible=sum(r.state == "infeasible" for r in recs),
         unfinished=sum(r.state in ("waiting", "running") for r in recs),
         makespan_s=float(arr["time_s"][-1] - arr["time_s"][0]) if len(arr["time_s"]) else 0.0,
-        utilisation=time_avg(arr["busy"]) / result.cluster.world_size,
+        utilisation=time_avg(arr["busy"]) / world_size,
         mean_wait_s=float(np.mean([r.wait_s for r in started])) if started else 0.0,
         wait_by_priority=waits,
         preemptions=sum(r.preemptions for r in recs),

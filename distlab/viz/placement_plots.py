@@ -92,7 +92,7 @@ def plot_schedule(result: ScheduleResult) -> Figure:
     free GPUs on partly used nodes are a shaded area and the stranded ones (which
     fit no waiting TP group) a line over it, so neither hides the other.
     """
-    a = timeline_arrays(result)
+    a = timeline_arrays(result.timeline)
     hours = (a["time_s"] - a["time_s"][0]) / 3600
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
