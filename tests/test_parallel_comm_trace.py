@@ -20,10 +20,22 @@ import pytest
 import torch
 
 import distlab
-from distlab.calc.comm import moe_all_to_all_comm, three_d_comm
-from distlab.calc.three_d import gpt_spec, job_comm_totals, rank_volumes
+from distlab.calc.buckets import zero_flat_groups
+from distlab.calc.moe import moe_all_to_all_comm
+from distlab.calc.planner import ParallelConfig, evaluate, plan
+from distlab.calc.three_d import (
+    gpt_spec,
+    job_comm_totals,
+    layout_step_time,
+    rank_volumes,
+    three_d_comm,
+)
 from distlab.calc.transformer import model_preset, rank_parameter_tensors
-from distlab.models import GPTConfig
+from distlab.core.pipeline_schedule import build, with_communication
+from distlab.models import GPT, GPTConfig
+from distlab.parallel.buckets import assign_buckets, bucket_cap_bytes, trainable_parameters
+from distlab.parallel.flat import FlatGroup
+from distlab.sim.topology import preset
 
 CONFIG = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=2)
 TP, PP, DP, M, BATCH = 2, 2, 2, 2, 8
@@ -114,10 +126,6 @@ def test_rank_parameter_tensors_cover_the_model():
 
 
 def test_evaluate_is_what_plan_computes_for_that_layout():
-    from distlab.calc.planner import ParallelConfig, evaluate, plan
-    from distlab.calc.three_d import layout_step_time
-    from distlab.sim.topology import preset
-
     cluster = preset("dgx-h100", nodes=1)
     found = plan("7B", cluster, global_batch=16).candidates
     config = found[0].config
@@ -272,8 +280,6 @@ def test_zero1_ranks_send_what_three_d_comm_predicts_per_step(zero_and_interleav
 def test_zero_flat_groups_are_the_optimizers(zero_and_interleaved):
     """:func:`zero_flat_groups` on :func:`rank_parameter_tensors` cuts the buckets where
     ZeroOptimizer does, for several buckets per rank: the tensor order is the module's."""
-    from distlab.calc.comm import zero_flat_groups
-
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=4)
     for rank, (_, flat) in enumerate(zero_and_interleaved):
         tensors = rank_parameter_tensors(spec, tp=TP, pp=PP, stage=rank // (TP * DP))
@@ -289,8 +295,6 @@ def test_zero_flat_groups_are_the_optimizers(zero_and_interleaved):
 def test_interleaved_sends_are_the_schedules(p, v, m):
     """three_d_comm's pp sends per stage = the SF and SB actions of the schedule
     distlab's executor runs (:func:`with_communication`)."""
-    from distlab.core.pipeline_schedule import build, with_communication
-
     schedule = with_communication(build("interleaved" if v > 1 else "1f1b", p, m, chunks=v))
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=p * v)
     for stage, actions in enumerate(schedule.ranks):
@@ -319,11 +323,6 @@ def test_three_d_comm_rejects_what_train_3d_cannot_run():
 def test_zero_flat_groups_pad_like_flat_group(dp):
     """The calculator's buckets and padding are ZeroOptimizer's own construction
     (:func:`assign_buckets` in reverse order, :class:`FlatGroup` per bucket)."""
-    from distlab.calc.comm import zero_flat_groups
-    from distlab.models import GPT
-    from distlab.parallel.buckets import assign_buckets, bucket_cap_bytes, trainable_parameters
-    from distlab.parallel.flat import FlatGroup
-
     params = trainable_parameters(GPT(CONFIG, seed=0))
     sizes = [p.numel() for p in params]
     for cap in (0.001, 0.02, 25):
