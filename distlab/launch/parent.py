@@ -1,0 +1,484 @@
+"""The parent's side of ``run``: start or reuse workers, hand out a job, gather the results.
+
+``run`` comes first; below it, the helpers it calls, in the order it calls them:
+checking the arguments, taking warm workers from the pool (or starting fresh ones),
+collecting what the ranks send (their output, their results, or the failure that stops
+every rank), relaying what native code wrote to each worker's stderr, and putting the
+workers back in the pool. The messages are in :mod:`distlab.launch.messages`, what a
+worker does with them in :mod:`distlab.launch.worker`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import NamedTuple
+
+import cloudpickle
+
+from .errors import (
+    DIED,
+    FINISHED,
+    PEER_FAILED,
+    RAISED,
+    STOPPED,
+    LaunchTimeoutError,
+    RankError,
+    RankOutcome,
+)
+from .messages import Failure, Job, Output, Ping, Ready, Result
+from .proc import group_members
+
+DEFAULT_TIMEOUT = 120.0
+_MAX_IDLE_WORKERS = 8
+
+# The launcher's state, shared by every run of this process.
+_idle: list[_Worker] = []  # the warm pool: workers waiting for their next job
+_pool_lock = threading.Lock()
+_line_start: dict[tuple[int, str], bool] = {}  # (rank, stream): is the next text a new line?
+
+
+def run(
+    fn,
+    world_size: int,
+    *,
+    backend: str = "gloo",
+    args: tuple = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    warm: bool = True,
+    show_output: bool = True,
+) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
+
+    Each process has a ``torch.distributed`` process group initialised with
+    ``backend`` (``"gloo"`` on CPU; ``"nccl"`` gives rank ``r`` GPU ``r``).
+    Output printed by a rank appears prefixed with ``[rank r]``.
+
+    Raises :class:`RankError` (naming the first rank that failed, with its
+    traceback) if any rank raises or dies, and :class:`LaunchTimeoutError`
+    if the job runs past ``timeout`` seconds; in both cases every worker of
+    the job is killed first, so nothing is left behind.
+    """
+    _check_arguments(fn, world_size, backend, timeout)
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout
+    payload = cloudpickle.dumps((fn, tuple(args)))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout),
+    )
+    workers: list[_Worker] = []
+    prefix = f"distlab-{os.getpid()}-{time.monotonic_ns()}/"
+    try:
+        workers = _take_workers(world_size, warm, deadline)
+        job = Job(
+            rank=0,
+            world_size=world_size,
+            backend=backend,
+            host="127.0.0.1",
+            port=store.port,
+            prefix=prefix,
+            payload=payload,
+            timeout=timeout,
+            cwd=os.getcwd(),
+            sys_path=list(sys.path),
+            threads=threads_per_rank(world_size),
+        )
+        for rank, worker in enumerate(workers):
+            worker.conn.send(job._replace(rank=rank))
+        results = _collect(workers, deadline, timeout, show_output)
+    except BaseException:
+        _relay_native_output(workers, show_output)
+        for worker in workers:
+            worker.kill()
+        raise
+    finally:
+        del store
+    _relay_native_output(workers, show_output)
+    if warm:
+        _return_workers(workers)
+    else:
+        for worker in workers:
+            worker.conn.send(None)
+            worker.kill()
+    return results
+
+
+def _check_arguments(fn, world_size: int, backend: str, timeout: float) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPUs), got {backend!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < world_size:
+            raise ValueError(
+                f"backend='nccl' gives each rank its own GPU: {world_size} ranks need "
+                f"{world_size} GPUs but {gpus} {'is' if gpus == 1 else 'are'} visible. "
+                "Use backend='gloo' to run on the CPU."
+            )
+
+
+# ------------------------------------------------------------ taking workers ---
+def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
+    """``n`` ready workers: idle ones from the pool that answer a ping, then fresh ones.
+    On any error, Ctrl+C included, every worker taken or started here is killed."""
+    workers: list[_Worker] = []
+    try:
+        with _pool_lock, _ctrl_c_deferred():
+            while warm and _idle and len(workers) < n:
+                workers.append(_idle.pop())
+        answered = [_answers_ping(w, deadline) for w in workers]
+        for worker, ok in zip(workers, answered):
+            if not ok:
+                worker.kill()  # died while idle (killed, out of memory, a laptop's sleep)
+        workers = [w for w, ok in zip(workers, answered) if ok]
+        fresh = []
+        with _ctrl_c_deferred():
+            for _ in range(n - len(workers)):
+                fresh.append(_start_worker())
+                workers.append(fresh[-1])
+        for worker in fresh:  # wait until each new worker has imported torch
+            _wait_ready(worker, deadline)
+    except BaseException:
+        for worker in workers:
+            worker.kill()
+        raise
+    return workers
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """Hold back SIGINT while processes start: a KeyboardInterrupt raised inside
+    ``Popen`` would leave a started process that nobody knows about. The held
+    signal is delivered on exit from the block, where the caller can clean up."""
+    can_block = hasattr(signal, "pthread_sigmask")
+    if can_block:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if can_block:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _answers_ping(worker: _Worker, deadline: float) -> bool:
+    """True if an idle worker is alive: it answers a :class:`Ping` before the deadline."""
+    if worker.process.poll() is not None:
+        return False
+    try:
+        worker.conn.send(Ping())
+        if not worker.conn.poll(max(min(deadline - time.monotonic(), 10.0), 0)):
+            return False
+        return isinstance(worker.conn.recv(), Ready)
+    except (EOFError, OSError):
+        return False
+
+
+def _start_worker() -> _Worker:
+    """Start one worker with a plain ``python -c`` (not multiprocessing's spawn,
+    which would re-import the caller's ``__main__`` script)."""
+    parent_sock, child_sock = socket.socketpair()
+    code = (
+        "import sys; from distlab.launch.worker import main; "
+        "main(int(sys.argv[1]), int(sys.argv[2]))"
+    )
+    fd, native_stderr = tempfile.mkstemp(prefix="distlab-stderr-", suffix=".txt")
+    os.close(fd)
+    stderr = os.open(native_stderr, os.O_WRONLY | os.O_APPEND)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, str(child_sock.fileno()), str(os.getpid())],
+            pass_fds=(child_sock.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stderr=stderr,  # relayed by the parent, and kept as the last words of a crash
+            start_new_session=True,  # Ctrl+C in a terminal or notebook goes to the parent only
+        )
+    finally:
+        os.close(stderr)
+        child_sock.close()
+    return _Worker(process, Connection(parent_sock.detach()), native_stderr=native_stderr)
+
+
+@dataclass
+class _Worker:
+    """The parent's handle on one worker process: its process, its end of the socket pair,
+    and the two files it writes that the parent reads (stack dumps and native stderr)."""
+
+    process: subprocess.Popen
+    conn: Connection
+    stack_file: str = ""
+    native_stderr: str = ""  # the file its file descriptor 2 writes to (C++ included)
+    stderr_read: int = 0  # bytes of it already relayed
+
+    def native_output(self) -> str:
+        """What the worker wrote to file descriptor 2 since the last call: lines from native
+        code (gloo, c10) that bypass Python's ``sys.stderr``."""
+        if not self.native_stderr:
+            return ""
+        try:
+            with open(self.native_stderr, "rb") as f:
+                f.seek(self.stderr_read)
+                data = f.read()
+        except OSError:
+            return ""
+        self.stderr_read += len(data)
+        return data.decode("utf-8", errors="replace")
+
+    def kill(self) -> None:
+        """Kill the worker's whole process group (it and whatever it started), then reap it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # its group id is its pid
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
+            pass
+        self.conn.close()
+        for path in (self.stack_file, self.native_stderr):
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    def stack(self, wait_s: float = 1.0) -> str:
+        """The worker's Python stacks, dumped by faulthandler on SIGUSR1 ("" if unavailable)."""
+        if not self.stack_file or self.process.poll() is not None:
+            return ""
+        with contextlib.suppress(OSError):
+            os.truncate(self.stack_file, 0)
+            os.kill(self.process.pid, signal.SIGUSR1)
+            end = time.monotonic() + wait_s
+            text = ""
+            while time.monotonic() < end:
+                time.sleep(0.05)
+                with open(self.stack_file) as f:
+                    now = f.read()
+                if now and now == text:  # stopped growing: the dump is complete
+                    return now
+                text = now
+            return text
+        return ""
+
+
+def _wait_ready(worker: _Worker, deadline: float) -> None:
+    """Wait for a fresh worker's :class:`Ready`, and note where its stack dumps go."""
+    if not worker.conn.poll(max(deadline - time.monotonic(), 0)):
+        raise LaunchTimeoutError("worker processes did not start before the timeout")
+    try:
+        worker.stack_file = worker.conn.recv().stack_file
+    except (EOFError, OSError):
+        raise RuntimeError(
+            f"a worker process died while starting (is distlab importable by {sys.executable}?)"
+        ) from None
+
+
+def threads_per_rank(world_size: int) -> int:
+    """torch threads for each of ``world_size`` ranks: the usable cores shared out, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // world_size)
+
+
+# --------------------------------------------------------- collecting results ---
+def _collect(workers: list[_Worker], deadline: float, timeout: float, show_output: bool) -> list:
+    """Wait for every rank's result, streaming output; raise on the first failure."""
+    results: list = [None] * len(workers)
+    pending = set(range(len(workers)))
+    rank_of = {w.conn: rank for rank, w in enumerate(workers)}
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _timeout_error(workers, pending, timeout)
+        for conn in wait([workers[r].conn for r in pending], timeout=remaining):
+            rank = rank_of[conn]
+            message = _receive(workers[rank])
+            if isinstance(message, Output):
+                if show_output:
+                    _print_rank_output(rank, message.stream, message.text)
+            elif isinstance(message, Result):
+                results[rank] = cloudpickle.loads(message.payload)
+                pending.discard(rank)
+            elif isinstance(message, Failure | _Died):
+                finished = set(range(len(workers))) - pending
+                raise _rank_error(workers, {rank: message}, finished)
+    return results
+
+
+def _receive(worker: _Worker):
+    """The worker's next message, or a :class:`_Died` if its process is gone."""
+    try:
+        return worker.conn.recv()
+    except (EOFError, OSError):  # the process is gone without a word (closed or reset)
+        code = worker.process.wait()
+        return _Died(code, worker.native_output())
+
+
+class _Died(NamedTuple):
+    """Not a message: what the parent records for a worker whose process ended without a
+    word. ``last_words``: what it wrote to its native stderr (gloo's abort message, say)."""
+
+    exit_code: int | None
+    last_words: str = ""
+
+
+def _print_rank_output(rank: int, stream: str, text: str) -> None:
+    """Print a rank's text on this process's ``stream``, each new line prefixed ``[rank r]``."""
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    out = []
+    for piece in text.splitlines(keepends=True):
+        if _line_start.get((rank, stream), True):
+            out.append(f"[rank {rank}] ")
+        out.append(piece)
+        _line_start[(rank, stream)] = piece.endswith("\n")
+    target.write("".join(out))
+    target.flush()
+
+
+def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> RankError:
+    """When one rank fails, its peers soon fail too ("connection closed by peer"), or fail
+    on their own. Collect what arrives within a moment, say what each rank did, and blame
+    the earliest rank that failed on its own; else a rank whose process died (its peers then
+    fail only because it is gone); else the earliest to fail."""
+    grace = time.monotonic() + 0.5
+    while time.monotonic() < grace:
+        waiting = {w.conn: r for r, w in enumerate(workers) if r not in failures.keys() | finished}
+        for conn in wait(list(waiting), timeout=max(grace - time.monotonic(), 0)):
+            message = _receive(workers[waiting[conn]])
+            if isinstance(message, Failure | _Died):
+                failures[waiting[conn]] = message
+            elif isinstance(message, Result):
+                finished.add(waiting[conn])
+    outcomes = tuple(_outcome(r, failures.get(r), r in finished) for r in range(len(workers)))
+    raised = {r: m for r, m in failures.items() if isinstance(m, Failure)}
+    own = {r: m for r, m in raised.items() if not m.peer_failed}
+    died = [r for r, m in failures.items() if isinstance(m, _Died)]
+    if own or (raised and not died):
+        candidates = own or raised
+        first = min(candidates, key=lambda r: candidates[r].failed_at)
+        message = candidates[first]
+        tb, exc_type = message.traceback, message.exc_type
+    else:  # a process died: the peers' errors are only the echo of its going
+        first = min(died)
+        tb = (
+            f"process exited with code {failures[first].exit_code} before returning a result "
+            "(killed, out of memory, or a crash in native code)"
+        ) + _last_words(failures[first].last_words)
+        exc_type = "ProcessDied"
+    also = sorted(r for r in failures if r != first)
+    return RankError(first, tb, exc_type, also_failed=also, outcomes=outcomes)
+
+
+def _outcome(rank: int, failure, finished: bool) -> RankOutcome:
+    """What ``rank`` did: its :class:`Failure` or :class:`_Died` if it sent one, else
+    whether it had finished."""
+    if isinstance(failure, Failure):
+        return RankOutcome(rank, PEER_FAILED if failure.peer_failed else RAISED, failure.summary)
+    if isinstance(failure, _Died):
+        return RankOutcome(rank, DIED, f"its process exited with code {failure.exit_code}")
+    return RankOutcome(rank, FINISHED if finished else STOPPED)
+
+
+def _last_words(text: str, lines: int = 12) -> str:
+    """The end of a dead rank's native stderr, for its error message ("" if it said nothing)."""
+    tail = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "; its last words on stderr:\n" + "\n".join(tail) if tail else ""
+
+
+def _timeout_error(workers: list[_Worker], pending: set[int], timeout: float):
+    """A LaunchTimeoutError that says where each unfinished rank was stuck."""
+    stacks = {rank: workers[rank].stack() for rank in sorted(pending)}
+    stuck = {rank: where_stuck(stack) for rank, stack in stacks.items()}
+    finished = sorted(set(range(len(workers))) - pending)
+    lines = [
+        f"job timed out after {timeout:g} s; ranks {sorted(pending)} had not finished"
+        + (f" (ranks {finished} had)." if finished else "."),
+        *[f"  rank {rank} was in {where}" for rank, where in stuck.items()],
+        (
+            "A common cause is a deadlock: a rank waiting for a message that is never sent "
+            "(mismatched send/recv, or a collective that not every rank calls)."
+        ),
+    ]
+    return LaunchTimeoutError("\n".join(lines), stuck, stacks)
+
+
+def where_stuck(stack: str, depth: int = 5) -> str:
+    """``"recv (file:line) <- execute <- ring_all_reduce <- fn"`` from a faulthandler dump of
+    a worker: the thread running the job (the one that came from the worker's
+    ``_worker_main``), innermost first, without the launcher's own frames (``_run_job`` and
+    below it)."""
+    for block in stack.split("\n\n"):
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
+        names = [name for _, _, name in frames]
+        if "_worker_main" not in names:
+            continue
+        frames = frames[: names.index("_run_job")] if "_run_job" in names else frames
+        if not frames:
+            return "the launcher (starting the process group)"
+        path, line, name = frames[0]
+        chain = [f"{name} ({os.path.basename(path)}:{line})"] + [f[2] for f in frames[1:depth]]
+        return " <- ".join(chain) + (" <- ..." if len(frames) > depth else "")
+    return "an unknown place (its stack could not be read)"
+
+
+# ------------------------------------------------------------ after the job ---
+def _relay_native_output(workers: list[_Worker], show_output: bool) -> None:
+    """Pass on what each rank's native code wrote to stderr, labelled by rank, to this
+    process's own file descriptor 2, where it went before workers had a file of their own:
+    a terminal shows it, a notebook kernel logs it (it is not a cell's stderr, which
+    nbgrader would count as a failed test). A dead rank's lines also go into its RankError."""
+    for rank, worker in enumerate(workers):
+        text = worker.native_output()
+        if text and show_output:
+            lines = text if text.endswith("\n") else text + "\n"
+            labelled = "".join(f"[rank {rank}] {line}" for line in lines.splitlines(keepends=True))
+            with contextlib.suppress(OSError):
+                os.write(2, labelled.encode("utf-8", errors="replace"))
+
+
+def _return_workers(workers: list[_Worker]) -> None:
+    """Keep finished workers warm, unless the pool is full, the worker died, or its job
+    left processes running (then the worker is retired with them: nothing outlives a job)."""
+    with _pool_lock:
+        for worker in workers:
+            alive = worker.process.poll() is None
+            started = [p for p in group_members(worker.process.pid) if p != worker.process.pid]
+            if len(_idle) < _MAX_IDLE_WORKERS and alive and not started:
+                _idle.append(worker)
+            else:
+                worker.kill()
+
+
+def shutdown() -> None:
+    """Stop the warm worker pool (``run`` starts a new one when needed)."""
+    with _pool_lock:
+        while _idle:
+            worker = _idle.pop()
+            try:
+                worker.conn.send(None)
+            except OSError:
+                pass
+            worker.kill()
+
+
+atexit.register(shutdown)
