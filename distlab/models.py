@@ -50,6 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distlab.core.checks import positive_int
+
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Dropout that saves a 1-byte boolean mask for backward, on every device.
@@ -62,12 +64,6 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     return torch.native_dropout(x, p, True)[0]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 def check_tokens(tokens: object, config: GPTConfig, name: str = "tokens") -> None:
@@ -118,7 +114,7 @@ class MLP(nn.Module):
         if len(sizes) < 2:
             raise ValueError(f"sizes needs at least an input and an output size, got {sizes!r}")
         for i, size in enumerate(sizes):
-            _positive_int(f"sizes[{i}]", size)
+            positive_int(f"sizes[{i}]", size)
         self.sizes = tuple(sizes)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -137,7 +133,7 @@ def mlp_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A reproducible regression batch ``(x, y)`` for :class:`MLP` (standard normal)."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(_positive_int("batch", batch), in_features, generator=gen)
+    x = torch.randn(positive_int("batch", batch), in_features, generator=gen)
     y = torch.randn(batch, out_features, generator=gen)
     return x, y
 
@@ -156,7 +152,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab", "seq_len", "hidden", "heads", "layers"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
         if not 0.0 <= self.dropout < 1.0:
@@ -213,8 +209,8 @@ class GPTBlock(nn.Module):
 
     def __init__(self, hidden: int, heads: int, *, dropout: float = 0.0, max_seq_len: int = 2048):
         super().__init__()
-        _positive_int("hidden", hidden)
-        _positive_int("heads", heads)
+        positive_int("hidden", hidden)
+        positive_int("heads", heads)
         if hidden % heads:
             raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}")
         self.ln1 = nn.LayerNorm(hidden)
@@ -274,5 +270,5 @@ def gpt_batch(
     """A reproducible batch of random tokens and next-token targets for :class:`GPT`."""
     c = config or GPTConfig()
     gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, c.vocab, (_positive_int("batch", batch), c.seq_len + 1), generator=gen)
+    data = torch.randint(0, c.vocab, (positive_int("batch", batch), c.seq_len + 1), generator=gen)
     return data[:, :-1], data[:, 1:]

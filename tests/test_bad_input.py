@@ -125,8 +125,8 @@ def test_model_forward_refuses_bad_tokens(entry, tokens, error, match):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"rank": 2, "stages": 2}, r"rank must be an integer in 0..1 \(the stages\), got 2"),
-        ({"rank": -1, "stages": 2}, r"rank must be an integer in 0..1 \(the stages\), got -1"),
+        ({"rank": 2, "stages": 2}, r"rank \(the stage\) must be an integer in 0..1, got 2"),
+        ({"rank": -1, "stages": 2}, r"rank \(the stage\) must be an integer in 0..1, got -1"),
         ({"rank": 0, "stages": 0}, r"stages must be an integer >= 1, got 0"),
         ({"rank": 0, "stages": 2, "chunks": 0}, r"chunks must be an integer >= 1, got 0"),
     ],

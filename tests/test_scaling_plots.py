@@ -48,7 +48,8 @@ def test_straggler_plot_draws_one_line_per_probability():
 @pytest.mark.parametrize("bad", [1, 0, 2.5, True])
 def test_scaling_plots_name_a_bad_gpu_count(bad):
     for plot in (calc_plots.plot_amdahl_gustafson, calc_plots.plot_straggler_probability):
-        with pytest.raises(ValueError, match=f"max_gpus must be an integer >= 2, got {bad!r}"):
+        error = TypeError if isinstance(bad, bool) else ValueError  # core.checks.int_in's rule
+        with pytest.raises(error, match=f"max_gpus must be an integer >= 2, got {bad!r}"):
             plot(max_gpus=bad)
 
 

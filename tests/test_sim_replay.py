@@ -149,9 +149,9 @@ def test_crossover_edge_cases():
 
 def test_bad_inputs_name_the_value():
     s = build_schedule("ring_all_reduce", 4)
-    with pytest.raises(ValueError, match="n_bytes must be an integer > 0, got 0"):
+    with pytest.raises(ValueError, match="n_bytes must be an integer >= 1, got 0"):
         simulate(s, LINK, 0)
-    with pytest.raises(ValueError, match="n_bytes must be an integer > 0, got -8"):
+    with pytest.raises(ValueError, match="n_bytes must be an integer >= 1, got -8"):
         simulate(s, LINK, -8)
     with pytest.raises(ValueError, match="not a whole number of 4-byte elements"):
         simulate(s, LINK, 6)
@@ -163,7 +163,7 @@ def test_bad_inputs_name_the_value():
         simulate(s, uniform_cluster(8, LINK), 4096, placement=[0, 1, 2])
     with pytest.raises(ValueError, match="two ranks on one GPU"):
         simulate(s, uniform_cluster(8, LINK), 4096, placement=[0, 1, 1, 2])
-    with pytest.raises(ValueError, match="names GPU 9"):
+    with pytest.raises(ValueError, match=r"placement's GPU \(cluster 'uniform'\) must be an integer in 0..7, got 9"):
         simulate(s, uniform_cluster(8, LINK), 4096, placement=[0, 1, 2, 9])
     with pytest.raises(TypeError, match="ClusterSpec, a preset name or a Link"):
         simulate(s, 3.5, 4096)

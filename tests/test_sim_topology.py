@@ -92,7 +92,7 @@ def test_every_preset_routes_every_pair():
 def test_bad_inputs_name_the_value():
     with pytest.raises(ValueError, match="dgx-z100.*known presets"):
         preset("dgx-z100")
-    with pytest.raises(ValueError, match="GPU 16 does not exist"):
+    with pytest.raises(ValueError, match=r"GPU must be an integer in 0..15, got 16"):
         preset("dgx-h100", nodes=2).route(0, 16)
     with pytest.raises(ValueError, match="nodes must be an integer >= 1"):
         preset("dgx-h100", nodes=0)

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from distlab.core.checks import fraction, positive, positive_int
+from distlab.core.checks import fraction, nonnegative_int, positive, positive_int
 
 
 def amdahl_speedup(serial_fraction: float, n: int) -> float:
@@ -59,8 +59,7 @@ def warmup_lr(step: int, *, base_lr: float, target_lr: float, warmup_steps: int)
     """Gradual warmup (Goyal et al. 2017, Section 2.2): the learning rate rises
     linearly from ``base_lr`` at step 0 to ``target_lr`` at ``warmup_steps``
     and stays there."""
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+    step = nonnegative_int("step", step)
     lo, hi = positive("base_lr", base_lr), positive("target_lr", target_lr)
     n = positive_int("warmup_steps", warmup_steps)
     if step >= n:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from distlab.core.checks import positive_int
 from distlab.core.collective_schedule import Schedule, Step, Transfer, merge_parallel
 
 from .ring import ring_all_gather_steps, ring_reduce_scatter_steps
@@ -41,8 +42,7 @@ def _relabel(steps: list[Step], ranks: list[int]) -> list[Step]:
 def hierarchical_all_reduce_schedule(
     n: int, ranks_per_node: int, variant: str = "leader"
 ) -> Schedule:
-    if not isinstance(ranks_per_node, int) or ranks_per_node < 1:
-        raise ValueError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+    ranks_per_node = positive_int("ranks_per_node", ranks_per_node)
     if variant not in ("leader", "shard"):
         raise ValueError(f"variant must be 'leader' or 'shard', got {variant!r}")
     k = min(ranks_per_node, n)

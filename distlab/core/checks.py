@@ -1,4 +1,10 @@
-"""Argument checks shared by the calculators: one clear ValueError per bad value."""
+"""Argument checks shared by every floor: one clear error per bad value, naming it.
+
+One rule for integers (:func:`int_in`): a value that is not a number is a ``TypeError``, a
+number that is not whole or out of range a ``ValueError``; the message names the argument,
+the range and the value. Pure Python, so the calculators, the simulator, the launcher and
+the training code all use the same checks.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,26 @@ import math
 from collections.abc import Callable, Iterable
 
 
-def positive_int(name: str, value: object) -> int:
-    """``value`` as an int >= 1 (a float such as 64.0 is accepted), else ValueError."""
+def int_in(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``low..high`` (no upper bound when ``high`` is None).
+
+    The one integer rule of distlab: ``TypeError`` for what is not a number (``True`` and
+    ``False`` included, and ``"4"``), ``ValueError`` for a number that is not whole (2.5,
+    nan, inf) or lies outside the range. A whole float (64.0, as JSON and CLIs give) is
+    accepted and returned as an int, so callers use the returned value.
+    """
+    bounds = f"in {low}..{high}" if high is not None else f">= {low}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be an integer >= 1, got {value!r}")
-    if isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        raise TypeError(f"{name} must be an integer {bounds}, got {value!r}")
+    whole = not isinstance(value, float) or value.is_integer()
+    if not whole or value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
     return int(value)
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` as an int >= 1 (:func:`int_in`'s rule)."""
+    return int_in(name, value, 1)
 
 
 def positive(name: str, value: object) -> float:
@@ -37,12 +54,8 @@ def nonnegative(name: str, value: object) -> float:
 
 
 def nonnegative_int(name: str, value: object) -> int:
-    """``value`` as an int >= 0 (a seed, a count that may be zero), else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be an integer >= 0, got {value!r}")
-    if isinstance(value, float) and not value.is_integer() or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return int(value)
+    """``value`` as an int >= 0 (a seed, a count that may be zero; :func:`int_in`'s rule)."""
+    return int_in(name, value, 0)
 
 
 def fraction(name: str, value: object, *, allow_one: bool = True) -> float:

@@ -45,7 +45,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .checks import positive_int
+from .checks import nonnegative_int, positive_int
 
 COMPUTE_KINDS = ("F", "B", "I", "W")
 COMM_KINDS = ("SF", "RF", "SB", "RB")
@@ -66,8 +66,7 @@ class Action:
             raise ValueError(f"unknown action kind {self.kind!r}; allowed: {', '.join(KINDS)}")
         for name in ("chunk", "micro_batch"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"action {name} must be an integer >= 0, got {value!r}")
+            nonnegative_int(f"action {name}", value)
 
     def __str__(self) -> str:
         return f"{self.chunk}{self.kind}{self.micro_batch}"

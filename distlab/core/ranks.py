@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checks import positive_int
+
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -56,9 +58,9 @@ def parse_order(order: str) -> list[str]:
 def check_degrees(world_size: int, *, tp: int, pp: int, dp: int, cp: int, ep: int) -> None:
     """Raise ``ValueError`` unless ``tp * cp * dp * pp == world_size`` and ``ep`` divides ``cp * dp``."""
     for name, value in (("world_size", world_size), ("tp", tp), ("pp", pp), ("dp", dp)):
-        _check_positive(name, value)
-    _check_positive("cp", cp)
-    _check_positive("ep", ep)
+        positive_int(name, value)
+    positive_int("cp", cp)
+    positive_int("ep", ep)
     if tp * cp * dp * pp != world_size:
         raise ValueError(
             f"degrees tp={tp} x cp={cp} x dp={dp} x pp={pp} = {tp * cp * dp * pp} "
@@ -164,8 +166,3 @@ def coordinates(rank: int, world_size: int, *, order: str = DEFAULT_ORDER, **deg
         rest //= size
     coords.pop("ep")
     return coords
-
-
-def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

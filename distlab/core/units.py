@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import re
 
+from .checks import int_in
+
 KB, MB, GB, TB = 1e3, 1e6, 1e9, 1e12
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 
@@ -131,8 +133,7 @@ def size_range(spec: str, factor: int = 2) -> list[int]:
         factor = _range_factor(parts[2], spec)
     elif len(parts) != 2:
         raise ValueError(f"size range {spec!r} must be lo:hi or lo:hi:factor")
-    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
-        raise ValueError(f"size range factor must be an integer >= 2, got {factor!r}")
+    factor = int_in("size range factor", factor, 2)
     lo, hi = parse_size(parts[0]), parse_size(parts[1])
     if hi < lo:
         raise ValueError(f"size range {spec!r} ends below its start")

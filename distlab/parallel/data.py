@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from distlab.core.checks import nonnegative_int, positive_int
+
 
 def shard_indices(
     n_samples: int,
@@ -34,10 +36,8 @@ def shard_indices(
     drop_last: bool = False,
 ) -> list[int]:
     """The sample indices rank ``rank`` of ``world_size`` reads (DistributedSampler's rule)."""
-    if not isinstance(n_samples, int) or n_samples < 0:
-        raise ValueError(f"n_samples must be an integer >= 0, got {n_samples!r}")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    n_samples = nonnegative_int("n_samples", n_samples)
+    world_size = positive_int("world_size", world_size)
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     if shuffle:

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from distlab.core.checks import positive_int
+
 from .memory import optimizer_state_tensors
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -113,8 +115,7 @@ class DynamicLossScaler:
                 f"need growth_factor > 1 and 0 < backoff_factor < 1, got {growth_factor!r}, "
                 f"{backoff_factor!r}"
             )
-        if not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"growth_interval must be a positive integer, got {growth_interval!r}")
+        growth_interval = positive_int("growth_interval", growth_interval)
         self.scale = float(init_scale)
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval = growth_interval

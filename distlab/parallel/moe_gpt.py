@@ -60,9 +60,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distlab.calc.comm import expert_capacity
+from distlab.calc.moe import expert_capacity
 from distlab.collectives import count_traffic
-from distlab.core.checks import positive
+from distlab.core.checks import positive, positive_int
 from distlab.core.ranks import check_degrees
 from distlab.models import GPT, GPTBlock, GPTConfig, check_batch
 from distlab.parallel.comm import Collectives
@@ -95,8 +95,7 @@ class MoEConfig:
     def __post_init__(self) -> None:
         for name in ("num_experts", "every"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            positive_int(name, value)
         if self.top_k not in (1, 2):
             raise ValueError(f"top_k must be 1 or 2, got {self.top_k!r}")
         expert_capacity(1, self.num_experts, top_k=self.top_k,
@@ -114,8 +113,7 @@ class GroupedMoE(MoE):
 
     def __init__(self, *args, groups: int = 1, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise ValueError(f"groups must be an integer >= 1, got {groups!r}")
+        groups = positive_int("groups", groups)
         self.groups = groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -244,8 +242,7 @@ def check_tp_ep(
     tp | hidden and heads, ep | num_experts, dp | batch, steps >= 1 and
     aux_weight >= 0 (checked by every rank before the first collective, so
     every rank raises the same error)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    steps = positive_int("steps", steps)
     if isinstance(aux_weight, bool) or not isinstance(aux_weight, (int, float)) or aux_weight < 0:
         raise ValueError(f"aux_weight must be a number >= 0, got {aux_weight!r}")
     check_degrees(world_size, tp=tp, pp=1, dp=dp, cp=1, ep=ep)

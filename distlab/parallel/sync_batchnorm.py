@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from distlab.collectives.buffers import Group
+from distlab.core.checks import positive_int
 
 from .comm import Collectives
 
@@ -93,8 +94,7 @@ class SyncBatchNorm(nn.Module):
         group: Group = None,
     ):
         super().__init__()
-        if not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"num_features must be a positive integer, got {num_features!r}")
+        num_features = positive_int("num_features", num_features)
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.comm = Collectives(algorithm, group)
         self.weight = nn.Parameter(torch.ones(num_features))

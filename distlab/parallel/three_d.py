@@ -167,8 +167,7 @@ def check_degrees(
     (:func:`distlab.core.ranks.check_degrees`), pp*chunks | layers,
     tp | heads and tp | hidden."""
     check_world_degrees(world_size, tp=tp, pp=pp, dp=dp, cp=1, ep=1)
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
+    chunks = positive_int("chunks", chunks)
     blocks_per_chunk(config.layers, pp, chunks)
     check_divisible("heads", config.heads, tp)
     check_divisible("hidden", config.hidden, tp)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distlab.core.checks import positive_int
 from distlab.sim.topology import (
     ROUTE_KINDS,
     ClusterSpec,
@@ -57,8 +58,7 @@ def resolve_cluster(
             f"cluster must be a ClusterSpec, a preset name, a dict or a path, got {type(cluster).__name__}"
         )
     if nodes is not None:
-        if not isinstance(nodes, int) or nodes < 1:
-            raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
+        nodes = positive_int("nodes", nodes)
         spec = spec.with_nodes(nodes)
     return spec
 

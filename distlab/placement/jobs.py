@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from distlab.core.checks import int_in, positive_int
 from distlab.core.ranks import DEFAULT_ORDER, check_degrees, parse_order
 
 
@@ -46,8 +47,7 @@ class Workload:
             "bytes_per_value",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"Workload.{name} must be an integer >= 1, got {value!r}")
+            positive_int(f"Workload.{name}", value)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"Workload.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.n_params is not None and not self.n_params > 0:
@@ -108,17 +108,13 @@ class Job:
                 raise ValueError(
                     f"job {self.name!r}: {name} must be >= 0 seconds, got {getattr(self, name)!r}"
                 )
-        if not isinstance(self.min_dp, int) or not 1 <= self.min_dp <= self.dp:
-            raise ValueError(
-                f"job {self.name!r}: min_dp must be an integer in 1..dp={self.dp}, got {self.min_dp!r}"
-            )
+        int_in(f"job {self.name!r}: min_dp (at most dp)", self.min_dp, 1, self.dp)
 
     @staticmethod
     def world_size_of(job: Job) -> int:
         for name in ("tp", "pp", "dp", "cp", "ep"):
             value = getattr(job, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"job {job.name!r}: {name} must be an integer >= 1, got {value!r}")
+            positive_int(f"job {job.name!r}: {name}", value)
         return job.tp * job.cp * job.dp * job.pp
 
     @property
@@ -177,8 +173,7 @@ def mixed_jobs(
     whose rate offers ``load`` times the cluster's GPU-seconds. Multi-replica jobs
     are elastic with probability ``elastic_fraction`` (min_dp = dp // 2).
     """
-    if not isinstance(n_jobs, int) or n_jobs < 1:
-        raise ValueError(f"n_jobs must be an integer >= 1, got {n_jobs!r}")
+    n_jobs = positive_int("n_jobs", n_jobs)
     if not load > 0:
         raise ValueError(f"load must be > 0, got {load!r}")
     rng = np.random.default_rng(seed)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from distlab.core.checks import positive_int
+
 BUSBW_COLLECTIVES = (
     "all_reduce",
     "reduce_scatter",
@@ -77,5 +79,4 @@ def all_reduce_lower_bound(n: int, n_bytes: float, bandwidth: float) -> float:
 
 
 def _check_n(n: int) -> None:
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"number of ranks n must be an integer >= 1, got {n!r}")
+    positive_int("number of ranks n", n)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlab.core.checks import positive_int
 from distlab.core.collective_schedule import log2_ceil
 
 from .topology import Link
@@ -287,8 +288,7 @@ def hierarchical_all_reduce_cost(
 
 
 def _check_n(n: int) -> None:
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"number of ranks n must be an integer >= 1, got {n!r}")
+    positive_int("number of ranks n", n)
 
 
 def _check_bytes(n_bytes: float) -> None:

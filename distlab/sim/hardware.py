@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlab.core.checks import int_in
+
 GB = 1e9
 
 
@@ -57,8 +59,7 @@ class PCIeGeneration:
     def bandwidth(self, lanes: int = 16) -> float:
         """Raw bytes/s per direction over ``lanes`` lanes, before packet overheads:
         ``transfers_per_s * encoding * lanes / 8``."""
-        if not isinstance(lanes, int) or lanes < 1:
-            raise ValueError(f"lanes must be a positive integer (x1..x16), got {lanes!r}")
+        lanes = int_in("lanes", lanes, 1, 16)
         return self.transfers_per_s * self.encoding * lanes / 8
 
 

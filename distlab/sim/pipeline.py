@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from distlab.core.checks import int_in
 from distlab.core.pipeline_schedule import Schedule
 from distlab.sim.pipeline_replay import Timeline, replay
 
@@ -58,10 +59,7 @@ def simulate_pipeline(
     if len(gpus) != p:
         raise ValueError(f"gpus lists {len(gpus)} GPUs for a schedule of {p} ranks")
     for g in gpus:
-        if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < cluster.world_size:
-            raise ValueError(
-                f"gpu {g!r} is not in cluster {cluster.name!r} (0..{cluster.world_size - 1})"
-            )
+        int_in(f"gpu of cluster {cluster.name!r}", g, 0, cluster.world_size - 1)
     costs = {
         (a, b): p2p_seconds(cluster, gpus[a], gpus[b], message_bytes)
         for a in range(p)

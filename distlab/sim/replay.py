@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distlab.core.checks import int_in, positive_int
 from distlab.core.collective_schedule import Schedule, chunk_bounds
 
 from .bandwidth import busbw_factor
@@ -233,17 +234,12 @@ def _placement(world_size: int, cluster: ClusterSpec, placement: Sequence[int] |
     if len(set(gpus)) != len(gpus):
         raise ValueError(f"placement puts two ranks on one GPU: {gpus}")
     for g in gpus:
-        if not isinstance(g, int) or not 0 <= g < cluster.world_size:
-            raise ValueError(
-                f"placement names GPU {g!r}; cluster {cluster.name!r} has GPUs 0..{cluster.world_size - 1}"
-            )
+        int_in(f"placement's GPU (cluster {cluster.name!r})", g, 0, cluster.world_size - 1)
     return gpus
 
 
 def _check_size(n_bytes: int, itemsize: int) -> None:
-    if not isinstance(itemsize, int) or itemsize < 1:
-        raise ValueError(f"itemsize must be an integer >= 1 byte, got {itemsize!r}")
-    if not isinstance(n_bytes, int) or isinstance(n_bytes, bool) or n_bytes <= 0:
-        raise ValueError(f"n_bytes must be an integer > 0, got {n_bytes!r}")
+    positive_int("itemsize (bytes)", itemsize)
+    positive_int("n_bytes", n_bytes)
     if n_bytes % itemsize:
         raise ValueError(f"n_bytes={n_bytes} is not a whole number of {itemsize}-byte elements")

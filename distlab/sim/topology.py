@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from distlab.core.checks import int_in, positive_int
+
 GB = 1e9
 
 
@@ -138,10 +140,7 @@ class ClusterSpec:
             "nodes_per_rack",
         ):
             value = getattr(self, field_name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"cluster {self.name!r}: {field_name} must be an integer >= 1, got {value!r}"
-                )
+            positive_int(f"cluster {self.name!r}: {field_name}", value)
         if self.intra_kind not in INTRA_KINDS:
             raise ValueError(
                 f"cluster {self.name!r}: intra_kind must be one of {INTRA_KINDS}, "
@@ -171,11 +170,12 @@ class ClusterSpec:
     # GPUs are numbered 0 .. world_size - 1, node by node.
 
     def _check_gpu(self, gpu: int) -> None:
-        if not isinstance(gpu, int) or not 0 <= gpu < self.world_size:
-            raise ValueError(
-                f"cluster {self.name!r}: GPU {gpu!r} does not exist; "
-                f"allowed: 0..{self.world_size - 1} ({self.nodes} nodes x {self.gpus_per_node})"
-            )
+        int_in(
+            f"cluster {self.name!r} ({self.nodes} nodes x {self.gpus_per_node}): GPU",
+            gpu,
+            0,
+            self.world_size - 1,
+        )
 
     def node_of(self, gpu: int) -> int:
         """The node that holds GPU ``gpu``."""

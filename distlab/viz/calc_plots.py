@@ -15,6 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from distlab.calc import memory, pipeline, scaling
+from distlab.core.checks import int_in
 from distlab.core.units import BYTE_UNITS
 from distlab.viz.pipeline_plots import draw_timeline
 
@@ -139,8 +140,7 @@ _PLAIN = FuncFormatter(lambda value, _: f"{value:,.0f}")  # 1,024 rather than 2^
 
 def _gpu_counts(max_gpus: int) -> list[int]:
     """1, 2, 4, ... up to ``max_gpus`` (included): the x axis of the scaling plots."""
-    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 2:
-        raise ValueError(f"max_gpus must be an integer >= 2, got {max_gpus!r}")
+    max_gpus = int_in("max_gpus", max_gpus, 2)
     counts = [1 << k for k in range(max_gpus.bit_length()) if 1 << k <= max_gpus]
     return counts if counts[-1] == max_gpus else [*counts, max_gpus]
 

@@ -33,6 +33,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from distlab.core.checks import int_in
 from distlab.core.collective_schedule import Schedule, trace
 from distlab.sim import algorithms as registry
 
@@ -65,8 +66,7 @@ def _subplots(rows: int, columns: int, figsize: tuple[float, float]):
 
 
 def _check_world_size(world_size: int) -> None:
-    if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(f"world_size must be an int in 1..{MAX_WORLD_SIZE}, got {world_size!r}")
+    int_in("world_size", world_size, 1, MAX_WORLD_SIZE)
 
 
 def schedule_for(collective: str, world_size: int = 4, root: int = 0) -> Schedule:

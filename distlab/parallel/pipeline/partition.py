@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from distlab.core.checks import positive_int
 from distlab.models import GPT, check_tokens
 
 
@@ -78,8 +79,7 @@ def balanced_split(costs: Sequence[float], parts: int) -> list[range]:
     """Cut ``costs`` (one per layer) into ``parts`` contiguous, non-empty runs that
     minimise the largest run's total (the classic linear-partition dynamic program)."""
     n = len(costs)
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"parts must be an integer >= 1, got {parts!r}")
+    parts = positive_int("parts", parts)
     if parts > n:
         raise ValueError(f"cannot cut {n} layers into {parts} non-empty stages; use at most {n}")
     prefix = [0.0]

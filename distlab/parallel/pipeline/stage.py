@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distlab.core.checks import positive_int
+from distlab.core.checks import int_in, positive_int
 from distlab.models import GPT
 
 from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs
@@ -85,8 +85,7 @@ def gpt_stage(
     (:func:`~distlab.parallel.pipeline.partition.gpt_layers` order).
     """
     stages, chunks = positive_int("stages", stages), positive_int("chunks", chunks)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < stages:
-        raise ValueError(f"rank must be an integer in 0..{stages - 1} (the stages), got {rank!r}")
+    rank = int_in("rank (the stage)", rank, 0, stages - 1)
     layers = gpt_layers(model)
     parts = stages * chunks
     if isinstance(balance, str):
