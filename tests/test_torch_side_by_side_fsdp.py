@@ -14,6 +14,8 @@ the float16 gradient reduction rounds differently: one float16 rounding apart.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -158,3 +160,21 @@ def test_deepspeed_estimate_refuses_bad_values():
         memory.deepspeed_estimate(1e9, zero_stage=1)
     with pytest.raises(ValueError, match="largest_layer_params"):
         memory.deepspeed_estimate(1e9, zero_stage=3, largest_layer_params=-5)
+
+
+def test_distlab_memory_shows_the_deepspeed_convention_by_name(capsys):
+    from distlab.commands.calc import standalone_parser
+
+    argv = ["memory", "--params", "7.5e9", "--dp", "64", "--convention", "deepspeed", "--json"]
+    args = standalone_parser().parse_args(argv)
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["convention"] == "deepspeed"
+    rows = {r["zero_stage"]: r for r in out["rows"]}
+    assert rows.keys() == {2, 3}
+    assert rows[3]["total"] == memory.deepspeed_estimate(7.5e9, zero_stage=3, dp=64).total
+    assert rows[2]["printed_gb"] == pytest.approx((4 + 16 / 64) * 7.5e9 / 2**30)
+    args = standalone_parser().parse_args(argv[:-1])  # the table names both units
+    assert args.func(args) == 0
+    table = capsys.readouterr().out
+    assert "DeepSpeed prints 'GB'" in table and "1.96" in table and "2.11" in table

@@ -103,6 +103,13 @@ def _register_memory(subparsers) -> None:
         "--tp", type=COUNT, default=1, help="tensor-parallel ranks (split weights first)"
     )
     p.add_argument("--pp", type=COUNT, default=1, help="pipeline stages (split weights first)")
+    p.add_argument(
+        "--convention",
+        choices=("zero_paper", "deepspeed"),
+        default="zero_paper",
+        help="zero_paper (default): the ZeRO paper's count; deepspeed: DeepSpeed's estimator "
+        "(ZeRO-2 and 3, mixed-precision Adam, its 'GB' = 2^30 bytes)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_memory_main)
 
@@ -126,8 +133,83 @@ def memory_table(
     return rows
 
 
+def deepspeed_memory_table(
+    n_params: float, *, dp: int = 1, tp: int = 1, pp: int = 1, largest_layer_params: float = 0.0
+) -> list[dict]:
+    """One row per ZeRO stage DeepSpeed's estimator covers (2, 3): its bytes per GPU."""
+    psi = n_params / (tp * pp)
+    rows = []
+    for stage in (2, 3):
+        e = memory.deepspeed_estimate(
+            psi, zero_stage=stage, dp=dp, largest_layer_params=largest_layer_params / (tp * pp)
+        )
+        rows.append(
+            {
+                "zero_stage": stage,
+                "replicated": e.replicated,
+                "sharded": e.sharded,
+                "fp32_gradients": e.fp32_gradients,
+                "total": e.total,
+                "printed_gb": e.printed_gb,
+            }
+        )
+    return rows
+
+
+def _deepspeed_main(args, n_params: float) -> int:
+    layer = model_preset(args.model).largest_layer_params if args.model else 0.0
+    rows = deepspeed_memory_table(
+        n_params, dp=args.dp, tp=args.tp, pp=args.pp, largest_layer_params=layer
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "n_params": n_params,
+                    "convention": "deepspeed",
+                    "dp": args.dp,
+                    "tp": args.tp,
+                    "pp": args.pp,
+                    "largest_layer_params": layer,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
+        return 0
+    table = [
+        [f"{r['zero_stage']}"]
+        + [f"{r[k] / GB:.2f}" for k in ("replicated", "sharded", "fp32_gradients", "total")]
+        + [f"{r['printed_gb']:.2f}"]
+        for r in rows
+    ]
+    _print_table(
+        f"Model states per GPU as DeepSpeed's estimator counts them: {n_params:.3g} parameters, "
+        f"dp={args.dp} tp={args.tp} pp={args.pp}",
+        [
+            "ZeRO stage",
+            "whole GB",
+            "sharded GB",
+            "of it fp32 grads GB",
+            "total GB",
+            "DeepSpeed prints 'GB'",
+        ],
+        table,
+        [
+            (
+                "ZeRO-2: 4Ψ + 16Ψ/N; ZeRO-3: 4L + 18Ψ/N (L: largest layer, from --model, else 0); "
+                "mixed-precision Adam, no offload."
+            ),
+            "GB = 1e9 bytes; DeepSpeed's printed 'GB' is bytes / 2^30 (a GiB).",
+        ],
+    )
+    return 0
+
+
 def _memory_main(args) -> int:
     n_params = args.params if args.params is not None else model_preset(args.model).n_params
+    if args.convention == "deepspeed":
+        return _deepspeed_main(args, n_params)
     rows = memory_table(n_params, recipe=args.recipe, dp=args.dp, tp=args.tp, pp=args.pp)
     if args.json:
         print(
