@@ -98,6 +98,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from distlab.collectives.buffers import Group
+
 from .buckets import ReadyInOrder
 from .comm import Collectives, CommThread, broadcast_module_state
 from .flat import FlatGroup, named_parameter_index
@@ -253,7 +255,7 @@ class FSDP(nn.Module):
         *,
         wrap="layer",
         algorithm: str = "ring",
-        group=None,
+        group: Group = None,
         prefetch: bool = False,
         mixed_precision: MixedPrecisionPolicy | None = None,
     ):

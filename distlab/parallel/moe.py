@@ -44,6 +44,7 @@ from torch import nn
 
 from distlab.calc.moe import expert_capacity
 from distlab.collectives import all_to_all
+from distlab.collectives.buffers import Group
 from distlab.core.checks import positive_int
 from distlab.parallel.comm import Collectives
 from distlab.parallel.comm_trace import traced
@@ -197,7 +198,7 @@ class ExpertParallelMoE(MoE):
 
     @classmethod
     def from_dense(
-        cls, dense: MoE, group=None, *, algorithm: str = "pairwise"
+        cls, dense: MoE, group: Group = None, *, algorithm: str = "pairwise"
     ) -> ExpertParallelMoE:
         """This rank's share of ``dense``: a copy of its router and of its experts."""
         if algorithm not in ALL_TO_ALL_ALGORITHMS:
@@ -237,7 +238,7 @@ class ExpertParallelMoE(MoE):
         return returned.reshape(n_experts, capacity, hidden)
 
 
-def exchange_blocks(x: torch.Tensor, group, algorithm: str) -> torch.Tensor:
+def exchange_blocks(x: torch.Tensor, group: Group, algorithm: str) -> torch.Tensor:
     """All-to-all along dim 0: block ``j`` goes to rank ``j``; block ``s`` of the result came
     from rank ``s``."""
     x = x.contiguous()
@@ -261,7 +262,7 @@ class AllToAll(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group, algorithm: str) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, group: Group, algorithm: str) -> torch.Tensor:
         ctx.group, ctx.algorithm = group, algorithm
         return exchange_blocks(x, group, algorithm)
 
