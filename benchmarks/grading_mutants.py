@@ -4,7 +4,7 @@
 
 For every mutants module in tests/mutants/ (or the notebooks named), grades the
 solution, the released stub and each mutant of each exercise with
-distlab.grading_mutants (one kernel per exercise, prefix cells run once), and
+distlab.grading.mutants (one kernel per exercise, prefix cells run once), and
 prints mutants tried and caught, and the seconds it took. Exits 1 if a mutant
 is not caught, or the solution fails, or the stub passes.
 """
@@ -15,8 +15,8 @@ import sys
 import tempfile
 import time
 
-from distlab.grading import find_course_root
-from distlab.grading_mutants import check_notebook
+from distlab.core.course import find_course_root
+from distlab.grading.mutants import check_notebook
 
 ROOT = find_course_root()
 MUTANTS = ROOT / "tests" / "mutants"

@@ -23,7 +23,6 @@ import nbformat
 from nbclient import NotebookClient
 
 from distlab import grading
-from distlab.grading_slice import grade_exercise
 
 ROOT = grading.find_course_root()
 
@@ -53,7 +52,7 @@ def main(selected: list[str]) -> None:
         whole, grade_s = timed(grading.grade_notebook, path)
         times, points = [], 0.0
         for k in range(1, len(whole.exercises) + 1):
-            one, seconds = timed(grade_exercise, path, k)
+            one, seconds = timed(grading.grade_exercise, path, k)
             times.append(seconds)
             points += one.points
         print(

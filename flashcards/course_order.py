@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
+from distlab.core.course import find_course_root, source_notebook
 from flashcards.model import NOTEBOOK_FOLDERS, Card
 
 _HEADING = re.compile(r"^#+\s+(.+?)\s*#*\s*$", re.MULTILINE)
@@ -57,10 +58,8 @@ def notebook_sections(notebook_path: str | os.PathLike) -> list[str]:
 def course_root() -> Path | None:
     """The course checkout (``$DISTLAB_COURSE_ROOT`` or the one distlab runs from), or None."""
     try:
-        from distlab.grading import find_course_root
-
         return find_course_root()
-    except (ImportError, FileNotFoundError):
+    except FileNotFoundError:
         return None
 
 
@@ -70,7 +69,7 @@ def _sections_by_notebook(root: Path | None) -> dict[str, tuple[str, ...]]:
         return {}
     found = {}
     for folder in NOTEBOOK_FOLDERS:
-        path = root / "solutions" / folder / f"{folder}.ipynb"
+        path = source_notebook(root, folder)
         if path.is_file():
             found[folder] = tuple(notebook_sections(path))
     return found

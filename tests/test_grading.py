@@ -9,6 +9,8 @@ import nbformat
 import pytest
 
 from distlab import cli, grading
+from distlab.grading import report as grading_report
+from distlab.grading.cells import failure, kernel_deaths
 
 ROOT = grading.find_course_root()
 ASSIGNMENT = "01-memory-anatomy"  # the fastest notebook to execute (no worker processes)
@@ -79,21 +81,19 @@ def test_failure_keeps_the_failing_ranks_own_error():
         "evalue": "rank 1 failed with AssertionError; every rank was stopped.\n"
         '--- traceback from rank 1 ---\n  File "<cell>", line 3\nAssertionError: got [3.0]',
     }
-    assert grading._failure([rank_error]) == (
+    assert failure([rank_error]) == (
         "RankError: rank 1 failed with AssertionError; every rank was stopped.\n"
         "AssertionError: got [3.0]"
     )
     plain = {"output_type": "error", "ename": "NotImplementedError", "evalue": ""}
-    assert (
-        grading._failure([{"output_type": "stream", "text": "hi"}, plain]) == "NotImplementedError"
-    )
-    assert grading._failure([{"output_type": "stream", "text": "hi"}]) is None
+    assert failure([{"output_type": "stream", "text": "hi"}, plain]) == "NotImplementedError"
+    assert failure([{"output_type": "stream", "text": "hi"}]) is None
     long = {
         "output_type": "error",
         "ename": "AssertionError",
         "evalue": "idle share: yours is 0.62, expected 0.3\nline 2\nline 3\nline 4",
     }
-    assert grading._failure([long]).splitlines() == [
+    assert failure([long]).splitlines() == [
         "AssertionError: idle share: yours is 0.62, expected 0.3", "line 2", "line 3", "line 4"
     ], "a check's whole message is shown, not its first line only"  # fmt: skip
 
@@ -225,7 +225,9 @@ def test_the_report_names_the_function_that_raised():
 
 
 def test_card_counts_are_singular_or_plural(monkeypatch):
-    monkeypatch.setattr(grading, "flashcard_suggestions", lambda grade: [("a#b", 1), ("a#c", 2)])
+    monkeypatch.setattr(
+        grading_report, "flashcard_suggestions", lambda grade: [("a#b", 1), ("a#c", 2)]
+    )
     report = grading.format_report(grading.NotebookGrade(ASSIGNMENT, ASSIGNMENT, []))
     assert "a#b   (1 card)" in report and "a#c   (2 cards)" in report
 
@@ -238,12 +240,12 @@ def _graded_cell(source: str, outputs: list) -> nbformat.NotebookNode:
 
 
 def test_a_kernel_death_outside_a_test_cell_is_a_note_of_the_report():
-    from distlab.grading_execute import KERNEL_DIED, error_output
+    from distlab.grading.execute import KERNEL_DIED, error_output
 
     died = [error_output("DeadKernelError", KERNEL_DIED)]
     cells = [nbformat.v4.new_code_cell("os._exit(1)"), _graded_cell("assert f()", died)]
     cells[0].outputs = died
-    notes = grading._kernel_deaths(nbformat.v4.new_notebook(cells=cells))
+    notes = kernel_deaths(nbformat.v4.new_notebook(cells=cells))
     expected = (
         "the kernel died while running cell 1 (not a test cell); "
         "the cells after it ran in a fresh kernel"
@@ -259,7 +261,7 @@ def test_after_too_many_deaths_the_cells_left_score_nothing():
     """A test cell that never ran has no error output: it must not pass by default."""
     from nbgrader.utils import determine_grade
 
-    from distlab.grading_execute import GuardedExecute
+    from distlab.grading.execute import GuardedExecute
 
     executor = GuardedExecute()
     executor._dead = [0, 0, 0]
@@ -274,10 +276,10 @@ def test_a_test_cell_that_writes_to_stderr_loses_its_points_and_says_why():
     """nbgrader scores a test cell 0 when it writes to stderr; both grading paths say so."""
     import nbformat as nbf
 
-    from distlab.grading_slice import _score
+    from distlab.grading.exercise import _score
 
     outputs = [{"output_type": "stream", "name": "stderr", "text": "UserWarning: something\n"}]
-    assert grading._failure(outputs).startswith("the test cell wrote to stderr")
+    assert failure(outputs).startswith("the test cell wrote to stderr")
     cell = nbf.v4.new_code_cell("pass")
     cell.metadata = {"nbgrader": {"grade": True, "grade_id": "t", "points": 2, "locked": True}}
     cell.outputs = [nbf.from_dict(o) for o in outputs]

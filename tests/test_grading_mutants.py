@@ -22,8 +22,9 @@ import nbformat
 import pytest
 
 from distlab import grading
-from distlab.grading_mutants import check_notebook, load_module
-from distlab.grading_slice import cell_names, choose_tests, needed_cells
+from distlab.grading.exercise import choose_tests
+from distlab.grading.mutants import check_notebook, load_module
+from distlab.grading.slicing import cell_names, needed_cells
 
 ROOT = grading.find_course_root()
 MUTANT_FILES = sorted((ROOT / "tests" / "mutants").glob("m[0-9][0-9]_*.py"))

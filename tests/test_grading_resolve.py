@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from distlab import grading
-from distlab.grading_resolve import resolve_notebook
+from distlab.grading.resolve import resolve_notebook
 
 ROOT = grading.find_course_root()
 ASSIGNMENT = "00-launching"  # the quickest notebook to grade

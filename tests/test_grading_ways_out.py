@@ -188,7 +188,7 @@ def test_an_interrupted_grade_ends_everything_it_started(tmp_path, signum, exit_
 
 
 def test_a_signal_during_the_clean_up_waits_until_it_is_done():
-    from distlab.grading_run import Interrupted, signals_held, signals_raise
+    from distlab.grading.run import Interrupted, signals_held, signals_raise
 
     order = []
     with pytest.raises(Interrupted) as stop, signals_raise():

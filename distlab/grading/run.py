@@ -1,4 +1,4 @@
-"""Run nbgrader so that nothing it starts outlives it.
+"""Run nbgrader (or one notebook) so that nothing it starts outlives it.
 
 Grading runs a learner's code, and that code may start processes of its own (a
 ``subprocess.Popen``, the launcher's workers), some in a session of their own (the
@@ -14,6 +14,8 @@ Jupyter kernel always is). :func:`run_contained` therefore
   kills the command's process group, its process tree and every process that carries the
   token, in whatever session, and only then removes the temporary folder.
 
+:func:`run_nbgrader` runs ``nbgrader ARGS`` that way, with :func:`nbgrader_env`.
+
 :func:`signals_raise` turns SIGINT, SIGTERM and SIGHUP into :class:`Interrupted`, so that
 the ``finally`` blocks and ``TemporaryDirectory`` contexts run on those ways out too.
 """
@@ -24,6 +26,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -127,6 +130,28 @@ def run_contained(
                 end_everything(process, token)
         log.seek(0)
         return code, log.read()
+
+
+def nbgrader_env() -> dict[str, str]:
+    """The environment for nbgrader: this interpreter's ``bin`` first on PATH
+    (nbgrader runs ``alembic`` to create the gradebook, and the kernel must be
+    the Python that has distlab installed)."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # quiet debugger warning in kernels
+    return env
+
+
+def run_nbgrader(course_dir: str | os.PathLike, *args: str) -> str:
+    """Run ``nbgrader ARGS`` in ``course_dir``; return its log, raise RuntimeError on failure.
+
+    Every process it starts (the kernel, and whatever the notebook starts) has ended when
+    this returns or raises: see :func:`run_contained`."""
+    command = [sys.executable, "-m", "nbgrader", *args]
+    code, log = run_contained(command, course_dir, nbgrader_env())
+    if code != 0:
+        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed ({code}):\n{log}")
+    return log
 
 
 def end_everything(process: subprocess.Popen, token: str) -> None:

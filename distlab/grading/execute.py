@@ -1,8 +1,10 @@
 """nbgrader's Execute step, made to say how a cell ended when it did not end normally.
 
-:func:`distlab.grading.prepare_course` puts :class:`GuardedExecute` in place of nbgrader's
-``Execute`` in the course directory's config, so the learner's ``distlab grade`` and the
-course's tests run notebooks the same way. Two ways out change:
+:func:`distlab.grading.whole.prepare_course` puts :class:`GuardedExecute` in place of
+nbgrader's ``Execute`` in the course directory's config, and ``distlab grade --exercise``
+runs its cut-down notebook with ``python -m distlab.grading.execute IN OUT`` (:func:`main`),
+so the learner's ``distlab grade``, one exercise and the course's tests run notebooks the
+same way. Two ways out change:
 
 * **a cell runs past the timeout**: nbgrader interrupts it, and the cell showed the
   ``KeyboardInterrupt`` that the interrupt raised. Here its error reads
@@ -18,10 +20,18 @@ course's tests run notebooks the same way. Two ways out change:
 
 from __future__ import annotations
 
+import argparse
+import os
+
+import nbformat
 from nbclient.exceptions import DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
+
+from distlab.core.course import CONFIG_FILE, find_course_root
+
+DEFAULT_TIMEOUT = 120  # seconds a cell may run when the course config does not say
 
 KERNEL_DIED = (
     "the kernel died while running this cell (os._exit, a crash in native code, or out of memory)"
@@ -104,3 +114,33 @@ def _report_timeout(cell, timeout: int) -> None:
     cell.outputs.append(
         error_output("TimeoutError", evalue, traceback + [f"TimeoutError: {evalue}"])
     )
+
+
+def course_timeout() -> int:
+    """The course config's ``Execute.timeout`` (seconds a cell may run)."""
+    config = (find_course_root() / CONFIG_FILE).read_text(encoding="utf-8")
+    for line in config.splitlines():
+        if line.replace(" ", "").startswith("c.Execute.timeout="):
+            return int(line.split("=", 1)[1].split("#")[0])
+    return DEFAULT_TIMEOUT
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m distlab.grading.execute IN OUT [--timeout S]``: execute the notebook IN
+    as nbgrader would (errors kept, timeouts and kernel deaths reported per cell), in the
+    current folder, and write it to OUT."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("given")
+    parser.add_argument("done")
+    parser.add_argument("--timeout", type=int, default=None)
+    args = parser.parse_args(argv)
+    nb = nbformat.read(args.given, as_version=4)
+    executor = GuardedExecute(
+        timeout=args.timeout or course_timeout(), interrupt_on_timeout=True, allow_errors=True
+    )
+    executor.preprocess(nb, {"metadata": {"path": os.getcwd()}})
+    nbformat.write(nb, args.done)
+
+
+if __name__ == "__main__":
+    main()

@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from distlab.grading import (
-    RELEASE_DIR,
-    _grade_id,
-    _is_graded,
+from distlab.core.course import (
     assignment_names,
     find_course_root,
+    released_notebook,
     source_notebooks,
 )
+from distlab.grading.cells import grade_id_of, is_graded
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def _course_test_ids(source_root: Path) -> dict[tuple[str, str], frozenset[str]]
         for source in source_notebooks(source_root, assignment):
             nb = nbformat.read(source, as_version=4)
             ids[assignment, source.stem] = frozenset(
-                _grade_id(c) for c in nb.cells if _is_graded(c)
+                grade_id_of(c) for c in nb.cells if is_graded(c)
             )
     return ids
 
@@ -69,7 +68,7 @@ def _read_test_ids(path: Path) -> set[str]:
         learner = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001 - any parse failure means "not a notebook"
         raise ValueError(f"{path} could not be read as a Jupyter notebook: {exc}") from None
-    return {_grade_id(c) for c in learner.cells if _is_graded(c)}
+    return {grade_id_of(c) for c in learner.cells if is_graded(c)}
 
 
 def identify(notebook_path: str | os.PathLike, root: str | None = None) -> tuple[str, str]:
@@ -149,11 +148,17 @@ def resolve_notebook(
     return _in_the_course(notebook, given, named, source_root, here)
 
 
+def find_notebook(notebook: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """The learner's notebook that ``notebook`` names (a path or a course notebook's name),
+    looked for in the current folder first (see the module's docstring)."""
+    return resolve_notebook(notebook, root).path
+
+
 def _in_the_course(notebook, given: Path, named: list[str], root: Path, here: Path) -> Resolved:
     """Step 4: a path relative to the course checkout, or the released notebook of a name."""
     candidates = [] if given.is_absolute() else [root / given]
     if len(given.parts) == 1:
-        candidates += [root / RELEASE_DIR / a / f"{a}.ipynb" for a in named]
+        candidates += [released_notebook(root, a) for a in named]
     tried = [str(here / given)]
     for candidate in candidates:
         if candidate.is_dir():  # an assignment folder: its notebook of the same name

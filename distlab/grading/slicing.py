@@ -1,33 +1,23 @@
-"""Grade one exercise in seconds: run only the cells its tests need.
+"""Which cells a test cell needs: the names each code cell defines and uses.
 
-A whole notebook runs every demo before it reaches the last exercise. To grade
-exercise K alone, the grader reads every code cell once with :mod:`ast` and
+To run exercise K alone, the grader reads every code cell once with :mod:`ast` and
 notes the names it *defines* (assignments, ``def``, ``class``, imports, loop
 and ``with`` targets, objects it mutates) and the names it *uses* (anywhere,
 function bodies included, since a function runs later with the globals it
-names). Starting from the exercise's test cells, it walks back: each name a
-needed cell uses pulls in the latest earlier cell that defines it. Cells that
+names). Starting from the exercise's test cells, :func:`needed_cells` walks back: each
+name a needed cell uses pulls in the latest earlier cell that defines it. Cells that
 define nothing but set up the process (seeds, threads, folders, environment
 variables) are always kept, because results may depend on them.
 
-The cells come from the learner's notebook (their solutions, their own extra
-cells); each graded test cell is taken from the source notebook, hidden tests
-included, exactly as ``nbgrader autograde`` restores them. A test cell scores
-its points if it runs without an error, as in nbgrader. ``tests/test_grading_mutants.py``
-checks, for every exercise of the course, that the slice gives the solution full
-marks and the released stub none, as the whole-notebook grade does.
+Used by :mod:`distlab.grading.exercise` (grade one exercise) and
+:mod:`distlab.grading.mutants` (grade wrong answers). Pure :mod:`ast`: IPython is used,
+when it is installed, only to translate magics before parsing.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
-import os
-import shutil
-import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 SETUP_CALLS = frozenset(
     {
@@ -278,173 +268,3 @@ def needed_cells(sources: list[str], targets: list[int]) -> list[int]:
                         pending.append(earlier)
                     break
     return sorted(needed)
-
-
-# ------------------------------------------------------------ one exercise ---
-def _graded_tests(nb) -> list:
-    from distlab.grading import _is_graded
-
-    return [c for c in nb.cells if _is_graded(c)]
-
-
-def choose_tests(source, exercise: str | int) -> list[str]:
-    """grade ids of the test cells of ``exercise``: its number (1-based, in notebook order),
-    a test cell's grade id, or the start of an exercise title. ValueError names the choices."""
-    from distlab.grading import _grade_id
-
-    tests = _graded_tests(source)
-    ids = [_grade_id(c) for c in tests]
-    titles = [c.metadata.get("distlab", {}).get("exercise", _grade_id(c)) for c in tests]
-    text = str(exercise).strip()
-    if text.isdigit() and 1 <= int(text) <= len(ids):
-        return [ids[int(text) - 1]]
-    if text in ids:
-        return [text]
-    matches = [i for i, t in zip(ids, titles) if t.lower().startswith(text.lower())] if text else []
-    if len(matches) == 1:
-        return matches
-    listing = "; ".join(f"{n}: {i} ({t})" for n, (i, t) in enumerate(zip(ids, titles), 1))
-    raise ValueError(f"no single exercise matches {exercise!r}; the exercises are {listing}")
-
-
-def exercise_notebook(learner, source, test_ids: list[str]):
-    """The notebook to run for ``test_ids``: the learner's cells, with each graded test cell
-    as in the source (hidden tests included), cut to what those tests need."""
-    import nbformat
-
-    from distlab.grading import _grade_id
-
-    originals = {_grade_id(c): c for c in _graded_tests(source)}
-    cells = []
-    for cell in learner.cells:
-        if cell.cell_type != "code":
-            continue
-        original = originals.get(_grade_id(cell))
-        cells.append(nbformat.from_dict(dict(original if original is not None else cell)))
-    for cell in cells:
-        cell.outputs, cell.execution_count = [], None
-    targets = [i for i, c in enumerate(cells) if _grade_id(c) in test_ids]
-    if not targets:
-        return None
-    keep = needed_cells([c.source for c in cells], targets)
-    run = nbformat.v4.new_notebook(metadata=learner.metadata)
-    run.cells = [cells[i] for i in keep]
-    return run
-
-
-def grade_exercise(
-    notebook_path: str | os.PathLike,
-    exercise: str | int,
-    root: str | None = None,
-    timeout: int | None = None,
-):
-    """Grade one exercise of a learner's notebook by running only the cells it needs.
-
-    Returns a :class:`~distlab.grading.NotebookGrade` holding that exercise's test
-    cells, scored as ``nbgrader autograde`` scores them (points if the cell raises nothing).
-    """
-    import nbformat
-
-    from distlab import grading
-    from distlab.grading_resolve import resolve_notebook
-
-    found = resolve_notebook(notebook_path, root)
-    learner = nbformat.read(found.path, as_version=4)
-    source_path = grading.find_course_root(root) / grading.SOURCE_DIR / found.assignment
-    source = nbformat.read(source_path / f"{found.notebook}.ipynb", as_version=4)
-    test_ids = choose_tests(source, exercise)
-    modified = grading._local_time(found.path.stat().st_mtime)
-    run = exercise_notebook(learner, source, test_ids)
-    executed = {} if run is None else _execute(run, found.path.parent, timeout)
-    exercises = [
-        _score(c, executed) for c in _graded_tests(source) if grading._grade_id(c) in test_ids
-    ]
-    return grading.NotebookGrade(
-        found.assignment, found.notebook, exercises, path=str(found.path), modified=modified,
-        note=found.note,
-    )  # fmt: skip
-
-
-def _score(test_cell, executed: dict):
-    """The test cell's points by nbgrader's own rule (``determine_grade``: an error or any
-    output on stderr scores 0), and why it lost them."""
-    from nbgrader.utils import determine_grade
-
-    from distlab import grading
-
-    grade_id = grading._grade_id(test_cell)
-    points = float(test_cell.metadata["nbgrader"].get("points", 0))
-    meta = test_cell.metadata.get("distlab", {})
-    title = meta.get("exercise", grade_id)
-    if grade_id not in executed:
-        score, failure, where = 0.0, grading.MISSING_CELL, None
-    else:
-        outputs = executed[grade_id].get("outputs", [])
-        score = float(determine_grade(executed[grade_id])[0])
-        failure = grading._failure(outputs) if score < points else None
-        where = grading.raised_in(outputs) if failure else None
-    if failure and failure.startswith("DeadKernelError"):
-        failure = grading.KERNEL_DIED.format(title=title)
-    return grading.ExerciseScore(
-        grade_id, title, score, points, failure, meta.get("flashcards"), where
-    )
-
-
-def _execute(run, folder: Path, timeout: int | None) -> dict:
-    """Run the notebook beside copies of the files in the learner's folder, in a contained
-    subprocess (nothing it starts outlives it); return each executed graded cell by grade id."""
-    import nbformat
-
-    from distlab import grading
-    from distlab.grading_run import run_contained
-
-    with tempfile.TemporaryDirectory(prefix="distlab-exercise-") as tmp:
-        given, done = Path(tmp) / "exercise.ipynb", Path(tmp) / "executed.ipynb"
-        nbformat.write(run, given)
-        work = Path(tmp) / "work"  # like autograde: a copy of the files beside the notebook
-        work.mkdir()
-        for item in folder.iterdir():
-            if item.is_file() and item.suffix != ".ipynb":
-                shutil.copy2(item, work / item.name)
-        command = [sys.executable, "-m", "distlab.grading_slice", str(given), str(done)]
-        if timeout is not None:
-            command += ["--timeout", str(timeout)]
-        code, log = run_contained(command, work, grading.nbgrader_env())
-        if code != 0 or not done.exists():
-            raise RuntimeError(f"running the exercise's cells failed ({code}):\n{log[-3000:]}")
-        executed = nbformat.read(done, as_version=4)
-    return {grading._grade_id(c): c for c in executed.cells if grading._grade_id(c)}
-
-
-def _course_timeout() -> int:
-    """The course config's ``Execute.timeout`` (seconds a cell may run)."""
-    from distlab import grading
-
-    config = (grading.find_course_root() / grading.CONFIG_FILE).read_text(encoding="utf-8")
-    for line in config.splitlines():
-        if line.replace(" ", "").startswith("c.Execute.timeout="):
-            return int(line.split("=", 1)[1].split("#")[0])
-    return 120
-
-
-def _run(argv: list[str] | None = None) -> None:
-    """``python -m distlab.grading_slice IN OUT``: execute IN as nbgrader would, write OUT."""
-    import nbformat
-
-    from distlab.grading_execute import GuardedExecute
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("given")
-    parser.add_argument("done")
-    parser.add_argument("--timeout", type=int, default=None)
-    args = parser.parse_args(argv)
-    nb = nbformat.read(args.given, as_version=4)
-    executor = GuardedExecute(
-        timeout=args.timeout or _course_timeout(), interrupt_on_timeout=True, allow_errors=True
-    )
-    executor.preprocess(nb, {"metadata": {"path": os.getcwd()}})
-    nbformat.write(nb, args.done)
-
-
-if __name__ == "__main__":
-    _run()

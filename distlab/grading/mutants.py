@@ -7,7 +7,7 @@ visible case hard-coded) proves it checks understanding. For one solution cell
 ``S`` of a source notebook this module:
 
 1. slices the notebook to the cells its dependent test cells need
-   (:func:`distlab.grading_slice.needed_cells`), and splits them into a
+   (:func:`distlab.grading.slicing.needed_cells`), and splits them into a
    *prefix* that does not depend on ``S`` and the cells that do;
 2. starts one kernel, runs the prefix once, then for each variant of ``S``
    (the solution, the released stub, every mutant, and the solution again, to
@@ -30,8 +30,9 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlab.grading import _grade_id, _is_graded
-from distlab.grading_slice import cell_names, needed_cells
+from distlab.core.course import released_notebook, source_notebook
+from distlab.grading.cells import failure, grade_id_of, is_graded
+from distlab.grading.slicing import cell_names, needed_cells
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,9 @@ class MutationPlan:
 def plan(source_nb, solution_id: str) -> MutationPlan:
     cells = [c for c in source_nb.cells if c.cell_type == "code"]
     sources = [c.source for c in cells]
-    solution = next(i for i, c in enumerate(cells) if _grade_id(c) == solution_id)
+    solution = next(i for i, c in enumerate(cells) if grade_id_of(c) == solution_id)
     dependent = depends_on(sources, solution)
-    tests = [i for i in sorted(dependent) if _is_graded(cells[i])]
+    tests = [i for i in sorted(dependent) if is_graded(cells[i])]
     if not tests:
         raise ValueError(f"no graded test cell uses what solution cell {solution_id!r} defines")
     needed = needed_cells(sources, tests)
@@ -86,10 +87,8 @@ def plan(source_nb, solution_id: str) -> MutationPlan:
 
 def _error(outputs) -> str | None:
     """Why a test cell scores 0 under nbgrader's rule (an error, or output on stderr)."""
-    from distlab.grading import _failure
-
-    failure = _failure(outputs)
-    return failure[:300] if failure else None
+    why = failure(outputs)
+    return why[:300] if why else None
 
 
 def run_variants(
@@ -119,7 +118,7 @@ def run_variants(
                 outputs = _run_cell(client, nb, text)
                 error = _error(outputs)
                 if index in plan.tests and error:
-                    failed.append(_grade_id(plan.cells[index]))
+                    failed.append(grade_id_of(plan.cells[index]))
                     messages.append(error)
             verdicts.append(Verdict(name, tuple(failed), tuple(messages)))
     return verdicts
@@ -156,7 +155,7 @@ def mutant_source(solution: str, change) -> str:
 
 def check_solution_cell(source_nb, released_nb, solution_id: str, mutants, cwd: str):
     """Verdicts for the solution, the released stub, each mutant and the solution again."""
-    cells = {_grade_id(c): c for c in released_nb.cells if _grade_id(c)}
+    cells = {grade_id_of(c): c for c in released_nb.cells if grade_id_of(c)}
     the_plan = plan(source_nb, solution_id)
     solution = the_plan.cells[the_plan.solution].source
     variants = [("solution", solution), ("stub", cells[solution_id].source)]
@@ -170,8 +169,8 @@ def check_notebook(root: Path, mutants_file: Path, cwd: str) -> dict[str, list[V
 
     module = load_module(mutants_file)
     name = module.ASSIGNMENT
-    source = nbformat.read(root / "solutions" / name / f"{name}.ipynb", as_version=4)
-    released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
+    source = nbformat.read(source_notebook(root, name), as_version=4)
+    released = nbformat.read(released_notebook(root, name), as_version=4)
     return {
         solution_id: check_solution_cell(source, released, solution_id, mutants, cwd)[1]
         for solution_id, mutants in module.MUTANTS.items()

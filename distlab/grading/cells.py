@@ -1,0 +1,103 @@
+"""What a graded notebook's cells say: nbgrader's metadata, and why a test cell failed.
+
+nbgrader marks a test cell with ``metadata.nbgrader`` (``grade: true``, a ``grade_id``,
+``points``); it scores the cell 0 when the cell raises or writes to stderr. The helpers
+here read a cell as a dict (an ``nbformat`` node is one), so this module needs neither
+nbformat nor nbgrader.
+"""
+
+from __future__ import annotations
+
+import re
+
+MISSING_CELL = (
+    "this test cell is missing from your notebook (deleted?), so its tests did not run: "
+    "copy it back from the released notebook"
+)
+KERNEL_DIED = (
+    "kernel died while running {title} (os._exit, a crash in native code, or out of memory); "
+    "the cells after it ran in a fresh kernel"
+)
+MESSAGE_LINES = 30  # lines of a failing check's message shown in the report
+
+
+def grade_id_of(cell) -> str | None:
+    """The cell's nbgrader ``grade_id``, None if it has none."""
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def is_graded(cell) -> bool:
+    """A code cell that nbgrader scores (a test cell)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and cell.get("cell_type") == "code"
+
+
+def graded_cells(nb) -> list:
+    """The notebook's test cells, in order."""
+    return [c for c in nb.cells if is_graded(c)]
+
+
+def failure(outputs) -> str | None:
+    """``ExcType: message`` of a cell's error; for a failed rank, the rank's own last line too.
+    A test cell that wrote to stderr fails too (nbgrader gives it no points): say so."""
+    for output in outputs:
+        if output.get("output_type") != "error":
+            continue
+        value = str(output.get("evalue", "")).strip()
+        lines = [line for line in value.splitlines() if line.strip()]
+        head = f"{output.get('ename', 'Error')}: {lines[0] if lines else ''}".rstrip(": ")
+        if output.get("ename") == "RankError" and len(lines) > 1:
+            return (
+                f"{head}\n{lines[-1].strip()}"  # the rank's traceback: its last line is the cause
+            )
+        return "\n".join([head, *lines[1:MESSAGE_LINES]])  # a check's whole message
+    for output in outputs:
+        if output.get("output_type") == "stream" and output.get("name") == "stderr":
+            text = [line for line in str(output.get("text", "")).splitlines() if line.strip()]
+            return "\n".join(
+                ["the test cell wrote to stderr, which nbgrader counts as a failure:", *text[:5]]
+            )
+    return None
+
+
+def kernel_deaths(executed) -> list[str]:
+    """A line for each cell other than a test cell that killed the kernel."""
+    return [
+        f"the kernel died while running cell {index + 1} (not a test cell); "
+        "the cells after it ran in a fresh kernel"
+        for index, cell in enumerate(executed.cells)
+        if not is_graded(cell)
+        and any(o.get("ename") == "DeadKernelError" for o in cell.get("outputs", []))
+    ]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_IPYTHON_FRAME = re.compile(r"^(Cell In\[\d+\]), line \d+, in (\w+)")
+_IPYTHON_FILE_FRAME = re.compile(r"^File ([^\n]*?):\d+, in (\w+)")
+_PYTHON_FRAME = re.compile(r'^\s*File "([^"]*)", line \d+, in (\S+)$', re.MULTILINE)
+
+
+def _is_notebook_code(where: str) -> bool:
+    """A frame in code the learner's notebook defined: an IPython cell, or a function
+    defined in a cell and shipped to a worker (its file is ``/tmp/ipykernel_<pid>/...``)."""
+    return where.startswith("Cell In[") or "ipykernel_" in where
+
+
+def raised_in(outputs) -> str | None:
+    """The function of the learner's notebook that raised a cell's error: the innermost
+    frame in notebook code (for a :class:`distlab.RankError`, of the failing rank), or
+    None if the error was raised by the test cell itself."""
+    for output in outputs:
+        if output.get("output_type") != "error":
+            continue
+        frames = []  # (where, function), outermost first
+        for entry in output.get("traceback", []):
+            first_line = _ANSI.sub("", entry).splitlines()[0] if entry.strip() else ""
+            match = _IPYTHON_FRAME.match(first_line) or _IPYTHON_FILE_FRAME.match(first_line)
+            if match:
+                frames.append((match.group(1), match.group(2)))
+        if output.get("ename") == "RankError":  # the rank's traceback is in the message
+            frames += _PYTHON_FRAME.findall(str(output.get("evalue", "")))
+        notebook = [name for where, name in frames if _is_notebook_code(where)]
+        return notebook[-1] if notebook and notebook[-1] != "<module>" else None
+    return None

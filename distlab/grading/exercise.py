@@ -1,0 +1,153 @@
+"""Grade one exercise in seconds: run only the cells its tests need.
+
+A whole notebook runs every demo before it reaches the last exercise. To grade
+exercise K alone, the grader keeps the cells its test cells need
+(:func:`distlab.grading.slicing.needed_cells`) and runs just those.
+
+The cells come from the learner's notebook (their solutions, their own extra
+cells); each graded test cell is taken from the source notebook, hidden tests
+included, exactly as ``nbgrader autograde`` restores them. A test cell scores
+its points by nbgrader's own rule (no error, nothing on stderr). The cut-down notebook
+runs in a contained subprocess, ``python -m distlab.grading.execute``, with the same
+Execute step as the whole-notebook grade. ``tests/test_grading_mutants.py`` checks, for
+every exercise of the course, that the slice gives the solution full marks and the
+released stub none, as the whole-notebook grade does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from distlab.core.course import find_course_root, source_notebook
+from distlab.grading.cells import (
+    KERNEL_DIED,
+    MISSING_CELL,
+    failure,
+    grade_id_of,
+    graded_cells,
+    raised_in,
+)
+from distlab.grading.report import ExerciseScore, NotebookGrade, modified_time
+from distlab.grading.resolve import resolve_notebook
+from distlab.grading.run import nbgrader_env, run_contained
+from distlab.grading.slicing import needed_cells
+
+#: run as ``python -m EXECUTE_MODULE IN OUT``: executes a notebook as nbgrader would
+EXECUTE_MODULE = "distlab.grading.execute"
+
+
+def choose_tests(source, exercise: str | int) -> list[str]:
+    """grade ids of the test cells of ``exercise``: its number (1-based, in notebook order),
+    a test cell's grade id, or the start of an exercise title. ValueError names the choices."""
+    tests = graded_cells(source)
+    ids = [grade_id_of(c) for c in tests]
+    titles = [c.metadata.get("distlab", {}).get("exercise", grade_id_of(c)) for c in tests]
+    text = str(exercise).strip()
+    if text.isdigit() and 1 <= int(text) <= len(ids):
+        return [ids[int(text) - 1]]
+    if text in ids:
+        return [text]
+    matches = [i for i, t in zip(ids, titles) if t.lower().startswith(text.lower())] if text else []
+    if len(matches) == 1:
+        return matches
+    listing = "; ".join(f"{n}: {i} ({t})" for n, (i, t) in enumerate(zip(ids, titles), 1))
+    raise ValueError(f"no single exercise matches {exercise!r}; the exercises are {listing}")
+
+
+def exercise_notebook(learner, source, test_ids: list[str]):
+    """The notebook to run for ``test_ids``: the learner's cells, with each graded test cell
+    as in the source (hidden tests included), cut to what those tests need."""
+    import nbformat
+
+    originals = {grade_id_of(c): c for c in graded_cells(source)}
+    cells = []
+    for cell in learner.cells:
+        if cell.cell_type != "code":
+            continue
+        original = originals.get(grade_id_of(cell))
+        cells.append(nbformat.from_dict(dict(original if original is not None else cell)))
+    for cell in cells:
+        cell.outputs, cell.execution_count = [], None
+    targets = [i for i, c in enumerate(cells) if grade_id_of(c) in test_ids]
+    if not targets:
+        return None
+    keep = needed_cells([c.source for c in cells], targets)
+    run = nbformat.v4.new_notebook(metadata=learner.metadata)
+    run.cells = [cells[i] for i in keep]
+    return run
+
+
+def grade_exercise(
+    notebook_path: str | os.PathLike,
+    exercise: str | int,
+    root: str | None = None,
+    timeout: int | None = None,
+) -> NotebookGrade:
+    """Grade one exercise of a learner's notebook by running only the cells it needs.
+
+    Returns a :class:`~distlab.grading.report.NotebookGrade` holding that exercise's test
+    cells, scored as ``nbgrader autograde`` scores them.
+    """
+    import nbformat
+
+    found = resolve_notebook(notebook_path, root)
+    learner = nbformat.read(found.path, as_version=4)
+    source_path = source_notebook(find_course_root(root), found.assignment, found.notebook)
+    source = nbformat.read(source_path, as_version=4)
+    test_ids = choose_tests(source, exercise)
+    modified = modified_time(found.path)
+    run = exercise_notebook(learner, source, test_ids)
+    executed = {} if run is None else _execute(run, found.path.parent, timeout)
+    exercises = [_score(c, executed) for c in graded_cells(source) if grade_id_of(c) in test_ids]
+    return NotebookGrade(
+        found.assignment, found.notebook, exercises, path=str(found.path), modified=modified,
+        note=found.note,
+    )  # fmt: skip
+
+
+def _score(test_cell, executed: dict) -> ExerciseScore:
+    """The test cell's points by nbgrader's own rule (``determine_grade``: an error or any
+    output on stderr scores 0), and why it lost them."""
+    from nbgrader.utils import determine_grade
+
+    grade_id = grade_id_of(test_cell)
+    points = float(test_cell.metadata["nbgrader"].get("points", 0))
+    meta = test_cell.metadata.get("distlab", {})
+    title = meta.get("exercise", grade_id)
+    if grade_id not in executed:
+        score, why, where = 0.0, MISSING_CELL, None
+    else:
+        outputs = executed[grade_id].get("outputs", [])
+        score = float(determine_grade(executed[grade_id])[0])
+        why = failure(outputs) if score < points else None
+        where = raised_in(outputs) if why else None
+    if why and why.startswith("DeadKernelError"):
+        why = KERNEL_DIED.format(title=title)
+    return ExerciseScore(grade_id, title, score, points, why, meta.get("flashcards"), where)
+
+
+def _execute(run, folder: Path, timeout: int | None) -> dict:
+    """Run the notebook beside copies of the files in the learner's folder, in a contained
+    subprocess (nothing it starts outlives it); return each executed graded cell by grade id."""
+    import nbformat
+
+    with tempfile.TemporaryDirectory(prefix="distlab-exercise-") as tmp:
+        given, done = Path(tmp) / "exercise.ipynb", Path(tmp) / "executed.ipynb"
+        nbformat.write(run, given)
+        work = Path(tmp) / "work"  # like autograde: a copy of the files beside the notebook
+        work.mkdir()
+        for item in folder.iterdir():
+            if item.is_file() and item.suffix != ".ipynb":
+                shutil.copy2(item, work / item.name)
+        command = [sys.executable, "-m", EXECUTE_MODULE, str(given), str(done)]
+        if timeout is not None:
+            command += ["--timeout", str(timeout)]
+        code, log = run_contained(command, work, nbgrader_env())
+        if code != 0 or not done.exists():
+            raise RuntimeError(f"running the exercise's cells failed ({code}):\n{log[-3000:]}")
+        executed = nbformat.read(done, as_version=4)
+    return {grade_id_of(c): c for c in executed.cells if grade_id_of(c)}

@@ -1,0 +1,215 @@
+"""Grade a whole notebook with nbgrader, in a throw-away course directory.
+
+nbgrader grades in a *course directory* (``solutions/``, ``course/``,
+``submitted/<student>/``, ``autograded/<student>/`` and a gradebook
+database). A learner working alone has none of that, so :func:`grade_notebook` builds one:
+
+1. copy ``nbgrader_config.py`` and the assignment's source notebooks
+   (``solutions/NN-topic/``) into a temporary folder and run
+   ``nbgrader generate_assignment`` there, which records every graded cell,
+   its points and the checksum of every read-only cell in the gradebook;
+2. put the learner's notebook in ``submitted/<student>/NN-topic/`` and run
+   ``nbgrader autograde``: it restores any edited test cell from the gradebook,
+   puts the hidden tests back, executes the notebook and scores each test cell;
+3. read the points from the gradebook and the failing assertion of each test
+   cell from the executed notebook.
+
+The same functions build the course directory that ``tests/test_course.py``
+grades, so the learner's grader and the course's tests cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from distlab.core.course import (
+    CONFIG_FILE,
+    SOURCE_DIR,
+    assignment_names,
+    find_course_root,
+    source_notebook,
+)
+from distlab.grading.cells import (
+    KERNEL_DIED,
+    MISSING_CELL,
+    failure,
+    grade_id_of,
+    graded_cells,
+    kernel_deaths,
+    raised_in,
+)
+from distlab.grading.report import ExerciseScore, NotebookGrade, modified_time
+from distlab.grading.resolve import resolve_notebook
+from distlab.grading.run import run_nbgrader
+from distlab.progress import progress_bar
+
+DEFAULT_STUDENT = "learner"
+
+# Appended to the course directory's copy of the config: distlab's Execute step (timeouts
+# and dead kernels reported per cell, see distlab.grading.execute) in place of nbgrader's.
+EXECUTE_CONFIG = """
+from nbgrader.converters.autograde import Autograde
+from nbgrader.preprocessors import Execute
+from distlab.grading.execute import GuardedExecute
+
+c.Autograde.autograde_preprocessors = [
+    GuardedExecute if step is Execute else step
+    for step in Autograde.class_traits()["autograde_preprocessors"].default()
+]
+"""
+
+
+# ----------------------------------------------------------- course directory ---
+def prepare_course(
+    course_dir: str | os.PathLike, assignments: list[str] | None = None, root: str | None = None
+) -> Path:
+    """Copy the config and the source notebooks of ``assignments`` (default: all) into
+    ``course_dir`` and generate the released notebooks there (which fills the gradebook)."""
+    source_root = find_course_root(root)
+    course_dir = Path(course_dir)
+    names = assignment_names(source_root) if assignments is None else list(assignments)
+    config = (source_root / CONFIG_FILE).read_text(encoding="utf-8")
+    (course_dir / CONFIG_FILE).write_text(config + EXECUTE_CONFIG, encoding="utf-8")
+    for name in names:
+        shutil.copytree(
+            source_root / SOURCE_DIR / name,
+            course_dir / SOURCE_DIR / name,
+            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
+        )
+    pattern = names[0] if len(names) == 1 else "*"
+    run_nbgrader(course_dir, "generate_assignment", pattern, "--create", "--force")
+    return course_dir
+
+
+def submit(course_dir: str | os.PathLike, student: str, assignment: str, notebook: Path) -> Path:
+    """Place ``notebook`` as ``student``'s submission of ``assignment`` (keeps its name)."""
+    target = Path(course_dir) / "submitted" / student / assignment
+    target.mkdir(parents=True, exist_ok=True)
+    destination = target / Path(notebook).name
+    shutil.copy(notebook, destination)
+    return destination
+
+
+def autograde(
+    course_dir: str | os.PathLike,
+    assignment: str = "*",
+    student: str = "*",
+    timeout: int | None = None,
+) -> str:
+    """Autograde every matching submission (globs allowed); return nbgrader's log.
+
+    ``timeout``: seconds a cell may run (default: ``Execute.timeout`` of the config)."""
+    limit = [] if timeout is None else [f"--Execute.timeout={timeout}"]
+    return run_nbgrader(
+        course_dir, "autograde", assignment, "--student", student, "--create", "--force", *limit
+    )
+
+
+# ---------------------------------------------------------------- read results ---
+def read_grade(
+    course_dir: str | os.PathLike, student: str, assignment: str, notebook: str
+) -> NotebookGrade:
+    """Points per graded cell from the gradebook, failures from the autograded notebook."""
+    import nbformat
+
+    course_dir = Path(course_dir)
+    autograded = course_dir / "autograded" / student / assignment / f"{notebook}.ipynb"
+    executed = nbformat.read(autograded, as_version=4)
+    outputs = {grade_id_of(c): c.get("outputs", []) for c in executed.cells if grade_id_of(c)}
+    source = nbformat.read(source_notebook(course_dir, assignment, notebook), as_version=4)
+    info = {grade_id_of(c): c.metadata.get("distlab", {}) for c in source.cells if grade_id_of(c)}
+    grades = _gradebook_scores(course_dir, student, assignment, notebook)
+    exercises = []
+    for grade_id in [grade_id_of(c) for c in graded_cells(source)]:
+        points, max_points = grades[grade_id]
+        meta = info.get(grade_id, {})
+        title = meta.get("exercise", grade_id)
+        failed = points < max_points
+        why = failure(outputs[grade_id]) if grade_id in outputs else MISSING_CELL
+        if why and why.startswith("DeadKernelError"):
+            why = KERNEL_DIED.format(title=title)
+        exercises.append(
+            ExerciseScore(
+                grade_id=grade_id,
+                title=title,
+                points=points,
+                max_points=max_points,
+                failure=why if failed else None,
+                flashcards=meta.get("flashcards"),
+                raised_in=raised_in(outputs.get(grade_id, [])) if failed else None,
+            )
+        )
+    return NotebookGrade(assignment, notebook, exercises, problems=kernel_deaths(executed))
+
+
+def _gradebook_scores(course_dir: Path, student: str, assignment: str, notebook: str):
+    """grade id -> (points, max points), from the gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}") as gradebook:
+        submission = gradebook.find_submission_notebook(notebook, assignment, student)
+        return {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
+
+
+def edited_test_cells(notebook_path: str | os.PathLike) -> list[str]:
+    """grade_ids of read-only cells whose checksum no longer matches (nbgrader's Validator check)."""
+    import nbformat
+    from nbgrader.validator import Validator
+
+    report = Validator(preprocessors=[]).validate(str(Path(notebook_path).resolve()))
+    changed = {c["source"] for c in report.get("changed", [])}
+    nb = nbformat.read(notebook_path, as_version=4)
+    return [grade_id_of(c) or "?" for c in nb.cells if c.source.strip() in changed]
+
+
+# ------------------------------------------------------------ one learner notebook ---
+def grade_notebook(
+    notebook_path: str | os.PathLike,
+    root: str | None = None,
+    keep: str | None = None,
+    progress: bool = False,
+    timeout: int | None = None,
+) -> NotebookGrade:
+    """Autograde one learner notebook in a temporary course directory.
+
+    ``notebook_path``: anything :func:`distlab.grading.resolve.resolve_notebook` accepts
+    (a path, or a name).
+
+    ``keep``: a folder to build the course directory in (kept afterwards, for
+    inspecting the autograded notebook); default a temporary one, deleted.
+
+    ``progress=True`` shows a progress bar on stderr (on a terminal only) while nbgrader
+    builds the course directory and runs the notebook.
+
+    ``timeout``: seconds a cell may run before it is stopped and reported as timed out
+    (default: the course config's ``Execute.timeout``).
+    """
+    found = resolve_notebook(notebook_path, root)
+    notebook = found.notebook
+    with (
+        tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp,
+        progress_bar(f"grading {notebook}", total=3, enabled=progress) as bar,
+    ):
+        learner = Path(tmp) / "upload" / f"{notebook}.ipynb"
+        learner.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(found.path, learner)  # what is graded cannot change while it runs
+        modified = modified_time(learner)
+        course_dir = Path(keep) if keep else Path(tmp) / "course"
+        course_dir.mkdir(parents=True, exist_ok=True)
+        bar.step("building a course directory (nbgrader generate_assignment)")
+        prepare_course(course_dir, [found.assignment], root)
+        bar.advance()
+        submit(course_dir, DEFAULT_STUDENT, found.assignment, learner)
+        bar.advance()
+        bar.step(f"running {notebook} and its tests (nbgrader autograde)")
+        autograde(course_dir, found.assignment, DEFAULT_STUDENT, timeout)
+        grade = read_grade(course_dir, DEFAULT_STUDENT, found.assignment, notebook)
+        bar.advance()
+        grade.edited_test_cells = edited_test_cells(learner)
+    grade.path = str(found.path)
+    grade.modified = modified
+    grade.note = found.note
+    return grade
