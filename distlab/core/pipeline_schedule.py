@@ -19,8 +19,18 @@ kind    what the rank does                                          example
 This is torchtitan's ``0F0``/``0B0``/``0W0`` notation with our own names for
 the split backward (Qi et al. 2024, "Zero Bubble Pipeline Parallelism",
 call the input-gradient pass B; we call it ``I`` so that ``B`` always means
-the whole backward). Chunk c of rank r is virtual stage ``j = c p + r``
-(Narayanan et al. 2021, Section 2.2.2), so with one chunk rank r is stage r.
+the whole backward).
+
+Which virtual stage a chunk is comes from the schedule's ``stage_to_rank``
+mapping (entry j is the rank that holds virtual stage j; torch calls it
+``stage_index_to_group_rank``), and chunk c of rank r is the c-th lowest
+stage that rank holds. Two mappings have names:
+
+* ``"loop"`` (the default, Narayanan et al. 2021, Section 2.2.2): chunk c of
+  rank r is stage ``j = c p + r``; with one chunk rank r is stage r.
+* ``"v"`` (Qi et al. 2024, Section 6, ZB-V): the stages go down the ranks
+  and back up, so with two chunks rank r holds stages r and 2p - 1 - r, and
+  the last rank runs stages p - 1 and p back to back with no message.
 
 Schedules are usually written with compute actions only; the sends and
 receives are implied by the dependencies, and :func:`with_communication`
@@ -42,8 +52,9 @@ runs it on real processes, :mod:`distlab.viz.pipeline_plots` draws it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .checks import nonnegative_int, positive_int
 
@@ -83,13 +94,35 @@ class Action:
         return cls(int(match[1]), match[2], int(match[3]))
 
 
+def stage_to_rank(stages: int, chunks: int, placement: str = "loop") -> tuple[int, ...]:
+    """The rank of each of the p v virtual stages: ``"loop"`` gives stage j to rank
+    j mod p; ``"v"`` walks the ranks down and back up, so stage j of block
+    b = j // p goes to rank j mod p when b is even and p - 1 - j mod p when b is
+    odd (torch's ``generate_stage_to_rank_mapping(style="v")``)."""
+    p, v = positive_int("stages", stages), positive_int("chunks", chunks)
+    if placement == "loop":
+        return tuple(j % p for j in range(p * v))
+    if placement == "v":
+        return tuple(j % p if (j // p) % 2 == 0 else p - 1 - j % p for j in range(p * v))
+    raise ValueError(f"unknown placement {placement!r}; allowed: 'loop', 'v'")
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """``ranks[r]`` is rank r's actions in order; ``chunks`` (v) model chunks per rank."""
+    """``ranks[r]`` is rank r's actions in order; ``chunks`` (v) model chunks per rank.
+
+    ``micro_batches`` (m) defaults to one more than the largest micro-batch
+    index used; give it to have actions outside 0..m-1 reported by the checker.
+    ``stage_to_rank[j]`` is the rank that holds virtual stage j (default: the
+    loop mapping, see :func:`stage_to_rank`); chunk c of a rank is the c-th
+    lowest stage it holds.
+    """
 
     ranks: tuple[tuple[Action, ...], ...]
     chunks: int = 1
     name: str = field(default="custom", compare=False)
+    micro_batches: int = field(default=None, kw_only=True)  # type: ignore[assignment]
+    stage_to_rank: tuple[int, ...] = field(default=None, kw_only=True)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if not self.ranks:
@@ -103,6 +136,17 @@ class Schedule:
                         f"rank {r}: {a!r} is not an Action; use Action.parse({str(a)!r}) "
                         "or Schedule.parse for text"
                     )
+        if self.micro_batches is None:
+            used = 1 + max((a.micro_batch for r in self.ranks for a in r), default=-1)
+            object.__setattr__(self, "micro_batches", used)
+        else:
+            positive_int("micro_batches", self.micro_batches)
+        p, v = len(self.ranks), self.chunks
+        mapping = self.stage_to_rank
+        if mapping is None:
+            mapping = stage_to_rank(p, v)
+        object.__setattr__(self, "stage_to_rank", tuple(mapping))
+        _check_mapping(self.stage_to_rank, p, v)
 
     @property
     def stages(self) -> int:
@@ -110,16 +154,32 @@ class Schedule:
         return len(self.ranks)
 
     @property
-    def micro_batches(self) -> int:
-        """m: one more than the largest micro-batch index used."""
-        return 1 + max((a.micro_batch for r in self.ranks for a in r), default=-1)
+    def placement(self) -> str:
+        """``"loop"`` or ``"v"`` when ``stage_to_rank`` is that named mapping, else ``"custom"``."""
+        for name in ("loop", "v"):
+            if self.stage_to_rank == stage_to_rank(self.stages, self.chunks, name):
+                return name
+        return "custom"
+
+    @cached_property
+    def _stages_held(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(
+            tuple(j for j, owner in enumerate(self.stage_to_rank) if owner == r)
+            for r in range(self.stages)
+        )
 
     def virtual_stage(self, rank: int, chunk: int) -> int:
-        """j = chunk * p + rank (Narayanan et al. 2021, Section 2.2.2)."""
-        return chunk * self.stages + rank
+        """The virtual stage j that chunk ``chunk`` of ``rank`` runs (c p + r for the
+        loop mapping, Narayanan et al. 2021, Section 2.2.2)."""
+        return self._stages_held[rank][chunk]
 
     def rank_of(self, virtual_stage: int) -> int:
-        return virtual_stage % self.stages
+        """The rank that holds virtual stage j: ``stage_to_rank[j]``."""
+        return self.stage_to_rank[virtual_stage]
+
+    def chunk_of(self, virtual_stage: int) -> int:
+        """Which of its rank's chunks virtual stage j is."""
+        return self._stages_held[self.rank_of(virtual_stage)].index(virtual_stage)
 
     def __str__(self) -> str:
         return "\n".join(
@@ -127,15 +187,42 @@ class Schedule:
         )
 
     @classmethod
-    def parse(cls, text: str, *, chunks: int | None = None, name: str = "custom") -> Schedule:
+    def parse(
+        cls,
+        text: str,
+        *,
+        chunks: int | None = None,
+        name: str = "custom",
+        micro_batches: int | None = None,
+        stage_to_rank: Sequence[int] | None = None,
+    ) -> Schedule:
         """Read ``str(schedule)`` back: one line per rank, ``"rank 0: 0F0 0B0"`` or just
-        ``"0F0 0B0"``. ``chunks`` defaults to one more than the largest chunk used."""
+        ``"0F0 0B0"``. ``chunks`` defaults to one more than the largest chunk used;
+        ``micro_batches`` and ``stage_to_rank`` as in :class:`Schedule`."""
         rows = []
         for line in text.strip().splitlines():
             body = line.split(":", 1)[1] if ":" in line else line
             rows.append(tuple(Action.parse(word) for word in body.split()))
         v = chunks if chunks is not None else 1 + max((a.chunk for r in rows for a in r), default=0)
-        return cls(tuple(rows), v, name)
+        mapping = None if stage_to_rank is None else tuple(stage_to_rank)
+        return cls(tuple(rows), v, name, micro_batches=micro_batches, stage_to_rank=mapping)
+
+
+def _check_mapping(mapping: tuple[int, ...], p: int, v: int) -> None:
+    """p v entries, each a rank 0..p-1, every rank holding exactly v stages."""
+    if len(mapping) != p * v or any(
+        isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < p for r in mapping
+    ):
+        raise ValueError(
+            f"stage_to_rank must give each of the {p * v} virtual stages a rank in 0..{p - 1} "
+            f"(p={p}, chunks={v}); got {mapping!r}"
+        )
+    for r in range(p):
+        if mapping.count(r) != v:
+            raise ValueError(
+                f"stage_to_rank gives rank {r} {mapping.count(r)} stages, but every rank "
+                f"holds chunks={v}; got {mapping!r}"
+            )
 
 
 # -- generators -----------------------------------------------------------------
@@ -261,4 +348,10 @@ def with_communication(schedule: Schedule) -> Schedule:
             else:
                 row.append(a)
         rows.append(tuple(row))
-    return Schedule(tuple(rows), schedule.chunks, schedule.name)
+    return Schedule(
+        tuple(rows),
+        schedule.chunks,
+        schedule.name,
+        micro_batches=schedule.micro_batches,
+        stage_to_rank=schedule.stage_to_rank,
+    )

@@ -8,6 +8,11 @@ an action starts when the rank is free and what it needs has arrived:
 * W of j needs its own I;
 * with sends and receives spelled out, a receive needs the peer's send and
   the compute action needs the receive; sends never wait (``isend``).
+  Neighbouring stages on the same rank (the turn of a V-shaped schedule)
+  hand over directly, as in torch, whether or not a send is written.
+
+Virtual stages come from the schedule's ``stage_to_rank`` mapping, so
+loop-around and V-shaped schedules are checked and timed alike.
 
 If no rank can move and some have actions left, the schedule deadlocks, and
 the error names each waiting rank, its action and what it waits for. The
@@ -120,7 +125,7 @@ def replay(
             while pos[r] < len(schedule.ranks[r]):
                 a = schedule.ranks[r][pos[r]]
                 j = schedule.virtual_stage(r, a.chunk)
-                needs = _needs(a, j, p * v - 1, explicit)
+                needs = _needs(a, j, p * v - 1, explicit, schedule)
                 if any(token not in done for token, _ in needs):
                     break
                 # a message from another rank arrives p2p_time after it was made
@@ -167,18 +172,25 @@ def _produces(kind: str) -> str:
     return {"F": "act", "B": "grad", "I": "grad", "W": "wgrad"}.get(kind, kind)
 
 
-def _needs(a: Action, j: int, last: int, explicit: bool) -> list[tuple[tuple, int]]:
-    """(token, virtual stage that makes it) pairs the action waits for."""
+def _needs(
+    a: Action, j: int, last: int, explicit: bool, schedule: Schedule
+) -> list[tuple[tuple, int]]:
+    """(token, virtual stage that makes it) pairs the action waits for; a message is
+    only needed from a neighbouring stage on another rank."""
     i = a.micro_batch
+
+    def by_message(k: int) -> bool:
+        return explicit and schedule.rank_of(k) != schedule.rank_of(j)
+
     if a.kind == "F":
         if j == 0:
             return []
-        return [(("RF", j, i), j)] if explicit else [(("act", j - 1, i), j - 1)]
+        return [(("RF", j, i), j)] if by_message(j - 1) else [(("act", j - 1, i), j - 1)]
     if a.kind in ("B", "I"):
         own = [(("act", j, i), j)]
         if j == last:
             return own
-        return own + ([(("RB", j, i), j)] if explicit else [(("grad", j + 1, i), j + 1)])
+        return own + ([(("RB", j, i), j)] if by_message(j + 1) else [(("grad", j + 1, i), j + 1)])
     if a.kind == "W":
         return [(("grad", j, i), j)]
     if a.kind == "SF":
@@ -207,6 +219,11 @@ def _check_complete(schedule: Schedule) -> None:
         for position, a in enumerate(acts):
             if a.chunk >= v:
                 raise ScheduleError(f"rank {r}: action {a} uses chunk {a.chunk}, but chunks={v}")
+            if a.micro_batch >= m:
+                raise ScheduleError(
+                    f"rank {r}: action {a} (position {position}) uses micro-batch "
+                    f"{a.micro_batch}, but m={m} (micro-batches 0..{m - 1})"
+                )
             j, last = schedule.virtual_stage(r, a.chunk), schedule.stages * v - 1
             if (a.kind in ("RF", "SB") and j == 0) or (a.kind in ("SF", "RB") and j == last):
                 end = "first" if j == 0 else "last"
@@ -249,7 +266,7 @@ def _deadlock_message(schedule: Schedule, pos: list[int], done: dict, explicit: 
             continue
         a = schedule.ranks[r][pos[r]]
         j = schedule.virtual_stage(r, a.chunk)
-        missing = [t for t, _ in _needs(a, j, last, explicit) if t not in done]
+        missing = [t for t, _ in _needs(a, j, last, explicit, schedule) if t not in done]
         what = "; ".join(f"{_describe(t)} from rank {schedule.rank_of(t[1])}" for t in missing)
         waits.append(f"rank {r} waits at action {a} (position {pos[r]}) for {what}")
     return "schedule deadlocks: " + "; ".join(waits)

@@ -10,6 +10,8 @@
 ``stage``       :class:`PipelineStage`: one rank's model chunks
 ``executor``    :func:`run_pipeline`: one rank walks its actions, sending
                 activations and gradients point-to-point
+``torch_``      :func:`to_torch`/:func:`from_torch`: schedules to and from
+``exchange``    ``torch.distributed.pipelining`` action lists and CSV
 ==============  =============================================================
 
 The schedule lives in :mod:`distlab.calc` because the bubble calculator,
@@ -30,6 +32,7 @@ from distlab.core.pipeline_schedule import (
     gpipe,
     interleaved,
     one_f_one_b,
+    stage_to_rank,
     with_communication,
     zb_h1,
 )
@@ -38,6 +41,7 @@ from distlab.sim.pipeline_replay import ScheduleError, Timeline, check, replay
 from .executor import PipelineError, RankRun, measured_timeline, run_pipeline
 from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs
 from .stage import PipelineStage, gpt_stage, next_token_loss
+from .torch_exchange import from_torch, read_csv, to_torch, torch_schedule, write_csv
 
 __all__ = [
     "Action",
@@ -50,6 +54,7 @@ __all__ = [
     "balanced_split",
     "build",
     "check",
+    "from_torch",
     "gpipe",
     "gpt_layers",
     "gpt_stage",
@@ -59,8 +64,13 @@ __all__ = [
     "next_token_loss",
     "one_f_one_b",
     "parameter_costs",
+    "read_csv",
     "replay",
     "run_pipeline",
+    "stage_to_rank",
+    "to_torch",
+    "torch_schedule",
     "with_communication",
+    "write_csv",
     "zb_h1",
 ]

@@ -104,6 +104,12 @@ def run_pipeline(
     (``mesh.ranks("pp")`` in a 3D job); the default is the whole job, stage r
     on rank r. ``stage.rank`` is this rank's index in that list."""
     check(schedule)  # raises ScheduleError naming the rank and action
+    if schedule.placement != "loop":
+        raise ValueError(
+            f"the executor cuts stages loop-around (chunk c of rank r is stage c p + r); "
+            f"this schedule's stage_to_rank is {schedule.stage_to_rank} ({schedule.placement}), "
+            "which check and replay handle but run_pipeline does not"
+        )
     m = schedule.micro_batches
     if inputs.shape[0] % m or inputs.shape[0] < m:
         raise ValueError(f"batch of {inputs.shape[0]} cannot be cut into m={m} equal micro-batches")
