@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from distlab.calc.pipeline import bubble_fraction
-from distlab.sim.pipeline_replay import ScheduleError, check, replay
 from distlab.core.pipeline_schedule import (
     Action,
     Schedule,
@@ -18,6 +17,7 @@ from distlab.core.pipeline_schedule import (
 )
 from distlab.sim import Link, uniform_cluster
 from distlab.sim.pipeline import p2p_seconds, simulate_pipeline
+from distlab.sim.pipeline_replay import ScheduleError, check, replay
 
 ALL = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1)]
 
@@ -166,7 +166,9 @@ def test_simulator_adds_alpha_beta_sends(name, v, p, m):
 
 
 def test_simulator_bad_gpus():
-    with pytest.raises(ValueError, match=r"gpu of cluster .uniform. must be an integer in 0..3, got 9"):
+    with pytest.raises(
+        ValueError, match=r"gpu of cluster .uniform. must be an integer in 0..3, got 9"
+    ):
         simulate_pipeline(
             build("1f1b", 2, 2),
             uniform_cluster(4, Link("l", 0.0, 1.0)),
@@ -188,3 +190,28 @@ def test_gantt_charts_draw_every_action():
     assert len(left.patches) == len(right.patches) == len(planned.entries) == 3 * 3 * 4
     assert "bubble" in right.get_title()
     assert len(plot_timeline(planned).axes[0].patches) == len(planned.entries)
+
+
+def test_stage_to_rank_mapping_loop_default_v_and_bad_ones():
+    from distlab.core.pipeline_schedule import stage_to_rank
+
+    loop = interleaved(2, 4, 2)
+    assert loop.stage_to_rank == (0, 1, 0, 1) and loop.placement == "loop"
+    assert stage_to_rank(3, 2, "v") == (0, 1, 2, 2, 1, 0)
+    v = Schedule(loop.ranks, 2, stage_to_rank=(0, 1, 1, 0))
+    assert v.placement == "v" and v.virtual_stage(0, 1) == 3 and v.chunk_of(2) == 1
+    assert v != loop  # same actions, another placement
+    with pytest.raises(ValueError, match="gives rank 0 3 stages"):
+        Schedule(loop.ranks, 2, stage_to_rank=(0, 0, 0, 1))
+    with pytest.raises(ValueError, match="each of the 4 virtual stages"):
+        Schedule(loop.ranks, 2, stage_to_rank=(0, 1, 2, 1))
+
+
+def test_declared_micro_batches_lets_check_name_an_out_of_range_action():
+
+    s = Schedule.parse("0F0 0F1 0B0 0B1", micro_batches=1)
+    with pytest.raises(
+        ScheduleError, match=r"rank 0: action 0F1 \(position 1\) uses micro-batch 1, but m=1"
+    ):
+        check(s)
+    assert build("1f1b", 2, 3).micro_batches == 3
