@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from distlab.calc import comm
 from distlab.calc.moe import expert_capacity, moe_all_to_all_comm
 from distlab.calc.volume import CommVolume
 
@@ -46,11 +45,6 @@ def test_moe_micro_batches_repeat_every_all_to_all():
     assert [p.payload_bytes for p in three.parts] == [p.payload_bytes for p in one.parts]
     assert [p.count for p in three.parts] == [3 * 2] * 4
     assert three.total == 3 * one.total
-
-
-def test_calc_comm_still_offers_the_moe_names_notebooks_use():
-    assert comm.moe_all_to_all_comm is moe_all_to_all_comm
-    assert comm.expert_capacity is expert_capacity
 
 
 def test_moe_volume_without_expert_parallelism_is_zero():

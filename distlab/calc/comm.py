@@ -20,11 +20,9 @@ from __future__ import annotations
 
 from distlab.core.checks import choice, positive, positive_int
 
-from .moe import expert_capacity, moe_all_to_all_comm  # noqa: F401 re-export for notebooks 04/06/07/09 until they move
 from .volume import (
     CommPart,
     CommVolume,
-    time_on_link,  # noqa: F401 re-export for notebooks 04/06/07/09 until they move
 )
 
 _ZERO_STAGES = (0, 1, 2, 3)

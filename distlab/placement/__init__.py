@@ -15,7 +15,7 @@ from distlab.core.ranks import DEFAULT_ORDER, rank_groups
 from .cluster import nvlink_group_limit, resolve_cluster
 from .jobs import Job, Workload
 from .placer import STRATEGIES, Placement, compare_placements, place
-from .score import CommScore, DimensionCost, comm_volumes, dimension_volumes
+from .score import CommScore, DimensionCost, dimension_volumes
 
 __all__ = [
     "DEFAULT_ORDER",
@@ -25,7 +25,6 @@ __all__ = [
     "Job",
     "Placement",
     "Workload",
-    "comm_volumes",
     "compare_placements",
     "dimension_volumes",
     "nvlink_group_limit",

@@ -4,7 +4,7 @@ In Megatron-style training the rank numbering *is* the placement: ranks fill
 the nodes in order (torchrun gives node ``k`` ranks ``8k .. 8k+7``), and the
 ``order`` of the parallel dimensions (:mod:`distlab.core.ranks`) decides
 which groups land inside a node. The hierarchical rules follow from how much
-each dimension talks (Narayanan et al. 2021, Section 3.3; :func:`comm_volumes`):
+each dimension talks (Narayanan et al. 2021, Section 3.3; :func:`~distlab.placement.score.dimension_volumes`):
 
 1. **TP innermost**, inside one node or NVLink domain: it all-reduces
    activations four times per layer per micro-batch;

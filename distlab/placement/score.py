@@ -128,28 +128,6 @@ def _merged(volume: CommVolume) -> CommVolume:
 
 
 @dataclass(frozen=True)
-class VolumeRow:
-    """One merged part of :func:`dimension_volumes` under the names notebook 09 prints
-    (``dimension``, ``what``, ``collective``, ``n_bytes`` per call, ``calls``)."""
-
-    dimension: str
-    what: str
-    collective: str
-    n_bytes: float
-    calls: float
-
-
-def comm_volumes(job: Job, workload: Workload | None = None) -> list[VolumeRow]:
-    """:func:`dimension_volumes` as one row per part; kept for notebook 09 until it moves
-    to :func:`dimension_volumes`."""
-    return [
-        VolumeRow(name, part.what, part.collective, part.payload_bytes, part.count)
-        for name, volume in dimension_volumes(job, workload).items()
-        for part in volume.parts
-    ]
-
-
-@dataclass(frozen=True)
 class DimensionCost:
     """One dimension's share of the score. Times in seconds, bandwidth in bytes/s."""
 
