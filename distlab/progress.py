@@ -16,21 +16,23 @@ from __future__ import annotations
 
 from typing import Self
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-
 
 class ProgressBar:
     """One task on a rich :class:`~rich.progress.Progress`; every method is a no-op when off."""
 
     def __init__(self, description: str, total: int, enabled: bool = True):
+        # rich is imported when a bar is made, not when distlab.progress is: the `distlab`
+        # command imports this module through bench and grading on every start
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         console = Console(stderr=True)
         self.shown = enabled and console.is_terminal
         self._progress = Progress(

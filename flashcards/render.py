@@ -20,8 +20,10 @@ from __future__ import annotations
 import html
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from markdown_it import MarkdownIt
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
 
 _PLACEHOLDER = "DLMATH{}X"
 CLOZE = re.compile(r"\{\{c(\d+)::(.*?)(?:::([^{}]*?))?\}\}", re.DOTALL)
@@ -30,6 +32,10 @@ _PLACEHOLDER_RE = re.compile(r"DLMATH(\d+)X")
 
 @lru_cache(maxsize=1)
 def _markdown() -> MarkdownIt:
+    # imported here, on first render: loading the deck (and the `distlab` command, which
+    # reads card counts through flashcards.model) does not need markdown-it
+    from markdown_it import MarkdownIt
+
     return MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
