@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distlab.core.collective_schedule import Schedule, Step, Transfer, merge_parallel
-from distlab.core.collective_schedule import log2_ceil as _rounds  # ceil(log2 n), 0 for n == 1
+from distlab.core.collective_schedule import Schedule, Step, Transfer, log2_ceil, merge_parallel
 
 if TYPE_CHECKING:  # the runner loads torch only when it runs
     from .buffers import Group
@@ -31,7 +30,7 @@ if TYPE_CHECKING:  # the runner loads torch only when it runs
 
 def tree_reduce_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Step]:
     steps = []
-    for k in range(_rounds(n)):
+    for k in range(log2_ceil(n)):
         step = []
         for v in range(n):
             if v % (2 << k) == (1 << k):  # lowest set bit of v is bit k
@@ -44,7 +43,7 @@ def tree_reduce_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Step]:
 
 def tree_broadcast_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Step]:
     steps = []
-    for k in reversed(range(_rounds(n))):
+    for k in reversed(range(log2_ceil(n))):
         step = []
         for v in range(0, n, 2 << k):  # ranks that already hold the data
             if v + (1 << k) < n:

@@ -108,10 +108,15 @@ class Schedule:
         )
 
 
+def check_ranks(n: int) -> int:
+    """``n`` as a number of ranks: an int >= 1, else the error :func:`positive_int` gives."""
+    return positive_int("number of ranks n", n)
+
+
 def log2_ceil(n: int) -> int:
     """``ceil(log2 n)``: rounds of a binomial tree or of recursive doubling on ``n`` ranks
     (0 for ``n == 1``)."""
-    positive_int("number of ranks n", n)
+    check_ranks(n)
     return (n - 1).bit_length()
 
 

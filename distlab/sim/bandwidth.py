@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from distlab.core.checks import positive_int
+from distlab.core.collective_schedule import check_ranks
 
 BUSBW_COLLECTIVES = (
     "all_reduce",
@@ -42,7 +42,7 @@ BUSBW_COLLECTIVES = (
 
 def busbw_factor(collective: str, n: int) -> float:
     """nccl-tests' busbw / algbw ratio for ``collective`` on ``n`` ranks (table above)."""
-    _check_n(n)
+    check_ranks(n)
     if collective == "all_reduce":
         return float(Fraction(2 * (n - 1), n))
     if collective in ("reduce_scatter", "all_gather", "all_to_all"):
@@ -70,13 +70,9 @@ def all_reduce_lower_bound(n: int, n_bytes: float, bandwidth: float) -> float:
     """Fewest seconds any all-reduce of ``n_bytes`` on ``n`` ranks can take when
     each rank's link moves ``bandwidth`` bytes/s per direction:
     ``2(n-1)/n * n_bytes / bandwidth`` (Patarasuk & Yuan 2009; latency ignored)."""
-    _check_n(n)
+    check_ranks(n)
     if bandwidth <= 0:
         raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
     if n_bytes < 0:
         raise ValueError(f"n_bytes must be >= 0, got {n_bytes}")
     return 2 * (n - 1) / n * n_bytes / bandwidth
-
-
-def _check_n(n: int) -> None:
-    positive_int("number of ranks n", n)

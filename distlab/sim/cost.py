@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distlab.core.checks import positive_int
-from distlab.core.collective_schedule import log2_ceil
+from distlab.core.collective_schedule import check_ranks, log2_ceil
 
 from .topology import Link
 
@@ -74,13 +73,13 @@ def ring_reduce_scatter_cost(n: int) -> AlphaBetaCost:
     ``n - 1`` steps, each moving one ``N/n`` chunk per rank and reducing it
     (Thakur et al. 2005, reduce-scatter for long messages).
     """
-    _check_n(n)
+    check_ranks(n)
     return AlphaBetaCost("ring_reduce_scatter", n, n - 1, (n - 1) / n, (n - 1) / n)
 
 
 def ring_all_gather_cost(n: int) -> AlphaBetaCost:
     """Ring all-gather: ``(n-1) alpha + (n-1)/n N beta`` (Thakur et al. 2005, allgather ring)."""
-    _check_n(n)
+    check_ranks(n)
     return AlphaBetaCost("ring_all_gather", n, n - 1, (n - 1) / n, 0.0)
 
 
@@ -140,7 +139,7 @@ def double_binary_tree_all_reduce_cost(n: int) -> AlphaBetaCost:
     so the rounds overlap, which keeps the latency logarithmic while the
     bandwidth term no longer grows with ``log n``. Other ``n``: replay the schedule.
     """
-    _check_n(n)
+    check_ranks(n)
     if n & (n - 1):
         raise ValueError(
             f"the double binary tree closed form needs n a power of two, got n={n}; "
@@ -169,7 +168,7 @@ def halving_doubling_all_reduce_cost(n: int) -> AlphaBetaCost:
     ``+ 2 alpha + 2 N beta + N gamma``. Thakur et al. fold to a power of two in
     the same spirit; the formula counts distlab's schedule, which moves whole buffers.
     """
-    _check_n(n)
+    check_ranks(n)
     p = 1 << (n.bit_length() - 1)
     k = p.bit_length() - 1
     a, b, c = 2 * k, 2 * (p - 1) / p, (p - 1) / p
@@ -184,7 +183,7 @@ def halving_doubling_all_reduce_cost(n: int) -> AlphaBetaCost:
 def naive_all_reduce_cost(n: int) -> AlphaBetaCost:
     """Parameter-server all-reduce: all send to rank 0 at once, rank 0 sends the sum back:
     ``2 alpha + 2(n-1) N beta + (n-1) N gamma`` (rank 0's port carries ``(n-1) N`` each way)."""
-    _check_n(n)
+    check_ranks(n)
     if n == 1:
         return AlphaBetaCost("naive_all_reduce", n, 0, 0.0, 0.0)
     return AlphaBetaCost("naive_all_reduce", n, 2, 2 * (n - 1), n - 1)
@@ -193,7 +192,7 @@ def naive_all_reduce_cost(n: int) -> AlphaBetaCost:
 def all_to_all_cost(n: int) -> AlphaBetaCost:
     """Pairwise-exchange all-to-all: ``(n-1) alpha + (n-1)/n N beta`` (Thakur et al.
     2005, alltoall for long messages: in step ``k`` rank ``r`` sends to ``r + k``)."""
-    _check_n(n)
+    check_ranks(n)
     return AlphaBetaCost("all_to_all", n, n - 1, (n - 1) / n, 0.0)
 
 
@@ -255,8 +254,8 @@ def hierarchical_all_reduce_cost(
     pieces); the two-level composition is the standard one, e.g. the
     hierarchical all-reduce in Horovod (Sergeev & Del Balso 2018).
     """
-    _check_n(nodes)
-    _check_n(ranks_per_node)
+    check_ranks(nodes)
+    check_ranks(ranks_per_node)
     k, m = ranks_per_node, nodes
     if variant == "leader":
         return PhasedCost(
@@ -269,7 +268,7 @@ def hierarchical_all_reduce_cost(
         )
     if variant == "shard":
         nics = k if nics_per_node is None else nics_per_node
-        _check_n(nics)
+        check_ranks(nics)
         sharing = -(-k // nics)
         shared = (
             inter
@@ -285,10 +284,6 @@ def hierarchical_all_reduce_cost(
             ),
         )
     raise ValueError(f"variant must be 'leader' or 'shard', got {variant!r}")
-
-
-def _check_n(n: int) -> None:
-    positive_int("number of ranks n", n)
 
 
 def _check_bytes(n_bytes: float) -> None:

@@ -41,8 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+from distlab.core.collective_schedule import log2_ceil
+
 from .algorithms import algorithm_name, build_schedule
-from .cost import log2_ceil
 from .replay import simulate
 from .topology import ClusterSpec, Link, shared_bus
 
