@@ -23,6 +23,7 @@ _SUBMODULES = {"calc", "sim", "collectives", "parallel", "placement", "viz", "la
 
 __all__ = [
     "LaunchTimeoutError",
+    "Layout",
     "RankError",
     "calc",
     "collectives",
@@ -42,6 +43,8 @@ def __getattr__(name: str):
     if name in _LAUNCH_NAMES:
         launch = importlib.import_module("distlab.launch")
         return getattr(launch, name)
+    if name == "Layout":  # the one description of a run's parallel layout
+        return importlib.import_module("distlab.core.layout").Layout
     if name in _SUBMODULES:
         return importlib.import_module(f"distlab.{name}")
     raise AttributeError(f"module 'distlab' has no attribute {name!r}")

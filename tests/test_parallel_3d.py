@@ -97,11 +97,11 @@ def case(request, single_process):
 
 
 def test_losses_equal_single_process(case):
-    from distlab.parallel.mesh import MeshLayout
+    from distlab.core.layout import Layout
 
     _, runs, _, want = case
     assert want[-1] < 0.8 * want[0]  # it really trains
-    layout = MeshLayout.for_world(8, tp=TP, pp=PP)
+    layout = Layout.for_world(8, tp=TP, pp=PP)
     for run in runs:
         assert run.coordinates == layout.coordinates(run.rank)
         if run.coordinates["pp"] == PP - 1:

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import distlab
-from distlab.parallel.mesh import MeshLayout
-from distlab.parallel.moe import MoE
+from distlab.core.layout import Layout
 from distlab.core.ranks import coordinates
+from distlab.parallel.moe import MoE
 
 # dense degrees on 4 ranks; ep re-splits dp * cp
 CONFIGS = [
@@ -60,7 +60,7 @@ def test_mesh_groups_equal_init_device_mesh():
 
 def test_layout_megatron_example():
     # initialize_model_parallel's docstring: 16 GPUs, tp=2, pp=4 -> dp=2
-    layout = MeshLayout.for_world(16, tp=2, pp=4)
+    layout = Layout.for_world(16, tp=2, pp=4)
     assert layout.dp == 2
     assert layout.group_of("tp", 5) == [4, 5]
     assert layout.group_of("pp", 5) == [1, 5, 9, 13]
@@ -72,13 +72,13 @@ def test_layout_megatron_example():
 
 def test_bad_degrees():
     with pytest.raises(ValueError, match="world_size=6 is not divisible by tp\\*cp\\*pp=4"):
-        MeshLayout.for_world(6, tp=2, pp=2)
-    with pytest.raises(ValueError, match="must equal world_size=8"):
-        MeshLayout(8, tp=2, dp=2)
+        Layout.for_world(6, tp=2, pp=2)
+    with pytest.raises(ValueError, match="needs 4 ranks, not world_size=8"):
+        Layout.for_world(8, tp=2, dp=2)
     with pytest.raises(ValueError, match="ep=3 must divide cp\\*dp=4"):
-        MeshLayout.for_world(4, ep=3)
+        Layout.for_world(4, ep=3)
     with pytest.raises(KeyError, match="no group 'xp'"):
-        MeshLayout.for_world(4).group_of("xp", 0)
+        Layout.for_world(4).group_of("xp", 0)
 
 
 def _bad_mesh(rank, world_size):

@@ -71,11 +71,11 @@ def reference():
 
 
 def test_losses_equal_single_process(runs, reference):
-    from distlab.parallel.mesh import MeshLayout
+    from distlab.core.layout import Layout
 
     _, want, _ = reference
     assert want[-1] < want[0]  # it really trains
-    layout = MeshLayout.for_world(TP * DP, tp=TP, ep=EP)
+    layout = Layout.for_world(TP * DP, tp=TP, ep=EP)
     for run in runs:
         assert run.coordinates == layout.coordinates(run.rank)
         assert run.losses == pytest.approx(want, rel=1e-5), run.rank

@@ -11,7 +11,7 @@
   as distlab's (``distlab.parallel.buckets``, PyTorch's size rule). Torch's all-reduces
   are counted with a comm hook that calls torch's default all-reduce hook.
 * ``torch.distributed.device_mesh.init_device_mesh`` forms the same process groups as
-  distlab's rank grid (``rank_groups``, ``MeshLayout``) when the dimensions are named
+  distlab's rank grid (``rank_groups``, ``Layout``) when the dimensions are named
   slowest first (``pp``, ``dp``, ``tp``): torch's mesh is row-major, its last dimension
   varies fastest, and Megatron's order puts tp innermost.
 """
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import distlab
-from distlab.parallel import MeshLayout
+from distlab.core.layout import Layout
 from distlab.placement import rank_groups
 
 GLOBAL_BATCH = 12  # divides by 2, 3 and 4 ranks
@@ -195,7 +195,7 @@ def _torch_mesh_groups(rank, world_size, meshes):
 
 def megatron_mesh(world_size: int, **degrees) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The shape and names for init_device_mesh, slowest dimension first, sizes > 1 only."""
-    layout = MeshLayout.for_world(world_size, **degrees)
+    layout = Layout.for_world(world_size, **degrees)
     named = [(n, getattr(layout, n)) for n in ("pp", "dp", "tp") if getattr(layout, n) > 1]
     return tuple(s for _, s in named), tuple(n for n, _ in named)
 
@@ -228,7 +228,7 @@ def test_init_device_mesh_forms_distlabs_rank_groups(torch_groups, world_size, i
     degrees = MESHES[world_size][index]
     shape, names = megatron_mesh(world_size, **degrees)
     assert len(shape) in (1, 2, 3)
-    layout = MeshLayout.for_world(world_size, **degrees)
+    layout = Layout.for_world(world_size, **degrees)
     ours = rank_groups(world_size, tp=layout.tp, dp=layout.dp, pp=layout.pp)
     for rank, per_mesh in enumerate(torch_groups[world_size]):
         theirs = per_mesh[index]

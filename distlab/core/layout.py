@@ -36,6 +36,7 @@ receives a ``Layout`` trusts it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from distlab.core.checks import int_in, positive_int
 from distlab.core.pipeline_schedule import GENERATORS
@@ -150,8 +151,10 @@ class Layout:
         """A copy with ``changes`` applied (and validated)."""
         return replace(self, **changes)
 
+    @cached_property
     def groups(self) -> dict[str, list[list[int]]]:
-        """Every group's rank lists by name (:func:`distlab.core.ranks.rank_groups`)."""
+        """Every group's rank lists by name (:func:`distlab.core.ranks.rank_groups`),
+        e.g. ``layout.groups["dp"]``; computed once per layout."""
         return rank_groups(
             self.world_size, tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp, ep=self.ep,
             order=self.order,
@@ -162,13 +165,12 @@ class Layout:
         if name not in GROUP_NAMES:
             raise KeyError(f"no group {name!r}; a layout has {list(GROUP_NAMES)}")
         int_in("rank", rank, 0, self.world_size - 1)
-        return next(g for g in self.groups()[name] if rank in g)
+        return next(g for g in self.groups[name] if rank in g)
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """``rank``'s index in each of its groups, e.g. ``{"tp": 1, "cp": 0, "dp": 0, ...}``."""
-        groups = self.groups()
         int_in("rank", rank, 0, self.world_size - 1)
-        return {n: next(g for g in groups[n] if rank in g).index(rank) for n in GROUP_NAMES}
+        return {n: self.group_of(n, rank).index(rank) for n in GROUP_NAMES}
 
     def device_mesh_shape(self, expert: bool = False) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """``(mesh_shape, mesh_dim_names)`` for torch's ``init_device_mesh`` giving the

@@ -25,84 +25,22 @@ expert-data-parallel ranks, which average the experts' gradients.
 
 The same rank lists come out of ``torch.distributed.device_mesh.init_device_mesh``
 with the shape listed slowest first, ``(pp, dp, cp, tp)`` (see
-:meth:`MeshLayout.device_mesh_shape`); tests/test_parallel_mesh.py checks it.
+:meth:`distlab.core.layout.Layout.device_mesh_shape`); tests/test_parallel_mesh.py checks it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch.distributed as dist
 
-from distlab.core.ranks import DEFAULT_ORDER, GROUP_NAMES, rank_groups
+from distlab.core.layout import Layout
+from distlab.core.ranks import DEFAULT_ORDER, GROUP_NAMES
 from distlab.parallel.comm_trace import name_groups
 
 
-@dataclass(frozen=True)
-class MeshLayout:
-    """The rank lists of every group; pure Python, no process group needed."""
-
-    world_size: int
-    tp: int = 1
-    cp: int = 1
-    dp: int = 1
-    pp: int = 1
-    ep: int = 1
-    order: str = DEFAULT_ORDER
-    groups: dict = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        groups = rank_groups(
-            self.world_size, tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp, ep=self.ep,
-            order=self.order,
-        )  # fmt: skip
-        object.__setattr__(self, "groups", groups)
-
-    @classmethod
-    def for_world(cls, world_size: int, *, tp=1, cp=1, pp=1, ep=1, dp=None, order=DEFAULT_ORDER):
-        """``dp`` defaults to ``world_size / (tp * cp * pp)`` (an error if that is not whole)."""
-        if dp is None:
-            model_parallel = tp * cp * pp
-            if not isinstance(model_parallel, int) or world_size % model_parallel:
-                raise ValueError(
-                    f"world_size={world_size} is not divisible by tp*cp*pp={model_parallel} "
-                    f"(tp={tp}, cp={cp}, pp={pp}); choose degrees whose product divides it"
-                )
-            dp = world_size // model_parallel
-        return cls(world_size, tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, order=order)
-
-    def group_of(self, name: str, rank: int) -> list[int]:
-        """The global ranks of the ``name`` group that contains ``rank``."""
-        if name not in self.groups:
-            raise KeyError(f"no group {name!r}; the mesh has {list(GROUP_NAMES)}")
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} does not exist; allowed: 0..{self.world_size - 1}")
-        return next(g for g in self.groups[name] if rank in g)
-
-    def coordinates(self, rank: int) -> dict[str, int]:
-        """``rank``'s index in each of its groups, e.g. ``{"tp": 1, "dp": 0, ...}``."""
-        return {name: self.group_of(name, rank).index(rank) for name in GROUP_NAMES}
-
-    def device_mesh_shape(self, expert: bool = False) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """``(mesh_shape, mesh_dim_names)`` for ``init_device_mesh`` giving the same groups.
-
-        Only for the default order. Dense layers: ``(pp, dp, cp, tp)``; the
-        experts' grid (``expert=True``): ``(pp, expert_dp, ep, tp)``.
-        """
-        if self.order != DEFAULT_ORDER:
-            raise ValueError(
-                f"only order {DEFAULT_ORDER!r} maps to one device mesh, not {self.order!r}"
-            )
-        if expert:
-            expert_dp = self.cp * self.dp // self.ep
-            return (self.pp, expert_dp, self.ep, self.tp), ("pp", "expert_dp", "ep", "tp")
-        return (self.pp, self.dp, self.cp, self.tp), ("pp", "dp", "cp", "tp")
-
-
 class ParallelMesh:
-    """This rank's view of a :class:`MeshLayout`, with a process group per name."""
+    """This rank's view of a :class:`~distlab.core.layout.Layout`, with a process group per name."""
 
-    def __init__(self, layout: MeshLayout, rank: int, process_groups: dict) -> None:
+    def __init__(self, layout: Layout, rank: int, process_groups: dict) -> None:
         self.layout, self.rank, self._groups = layout, rank, process_groups
 
     def __getitem__(self, name: str):
@@ -147,16 +85,27 @@ class ParallelMesh:
         return f"ParallelMesh(rank={self.rank}, {dims}, coordinates={self.coordinates})"
 
 
-def build_mesh(*, tp=1, cp=1, pp=1, ep=1, dp=None, order=DEFAULT_ORDER) -> ParallelMesh:
+def build_mesh(
+    layout: Layout | None = None, *, tp=1, cp=1, pp=1, ep=1, dp=None, order=DEFAULT_ORDER
+) -> ParallelMesh:
     """Create every process group of the job and return this rank's :class:`ParallelMesh`.
 
-    Call it on every rank (inside ``distlab.run``). Identical rank lists
-    (e.g. ``"dp-cp"`` and ``"dp"`` when cp = 1) share one process group.
+    Pass a :class:`~distlab.core.layout.Layout` (its world size must be the
+    job's), or the degrees (``dp`` defaults to world / (tp * cp * pp)). Call it on
+    every rank (inside ``distlab.run``). Identical rank lists (e.g. ``"dp-cp"``
+    and ``"dp"`` when cp = 1) share one process group.
     """
     if not dist.is_initialized():
         raise RuntimeError("no process group: call build_mesh inside distlab.run(...)")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    layout = MeshLayout.for_world(world_size, tp=tp, cp=cp, pp=pp, ep=ep, dp=dp, order=order)
+    if layout is None:
+        layout = Layout.for_world(world_size, tp=tp, cp=cp, pp=pp, ep=ep, dp=dp, order=order)
+    elif not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a distlab Layout, got {type(layout).__name__}")
+    elif layout.world_size != world_size:
+        raise ValueError(
+            f"{layout.label()} needs {layout.world_size} ranks, but the job has {world_size}"
+        )
     created: dict[tuple[int, ...], object] = {}
     mine = {}
     for name in GROUP_NAMES:
@@ -168,3 +117,7 @@ def build_mesh(*, tp=1, cp=1, pp=1, ep=1, dp=None, order=DEFAULT_ORDER) -> Paral
                 mine[name] = created[key]
     name_groups(mine)  # an open trace_comm names its calls "tp", "dp", ...
     return ParallelMesh(layout, rank, mine)
+
+
+#: the old name of :class:`~distlab.core.layout.Layout`, kept while notebook 09 moves over
+MeshLayout = Layout
