@@ -1,0 +1,333 @@
+"""When tensor parallelism stops paying: a layer's compute against its TP collectives.
+
+Notebook 06 asks when data parallelism's gradient all-reduce hides behind compute;
+this module asks the same of tensor parallelism, per transformer layer, with the
+library's own counts: FLOPs from :mod:`distlab.calc.flops`, bytes and messages from
+:func:`distlab.calc.comm.tensor_parallel_comm`, seconds from
+:meth:`~distlab.calc.volume.CommVolume.time_on`.
+
+**The roofline.** Notation: t the TP degree; T = b s the tokens of one micro-batch;
+h the hidden size; P the parameters of one layer (12 h² for a GPT layer with F = 4h);
+e bytes per activation element (2 for bf16); C the FLOP/s one GPU sustains (peak times
+an efficiency); W the link's bytes/s in one direction, alpha its latency.
+
+* compute per GPU, forward + backward: 6 P T (the 6N rule) plus 12 s h T (the attention
+  scores, PaLM Appendix B), split over t GPUs: ``t_c = (6P + 12 s h) T / (t C)``;
+* communication per GPU: four all-reduces of T h e bytes per layer (two forward, two
+  backward; Megatron-LM, Section 3), a ring sending 2 (t-1)/t of each in 2 (t-1)
+  messages: ``t_m = 8 (t-1) alpha + 8 (t-1)/t T h e / W``. Sequence parallelism's
+  all-gather + reduce-scatter pairs move the same bytes in the same number of messages.
+
+Compute covers communication while ``t_c >= t_m``; multiplying by t,
+
+    (6P + 12 s h) T / C  >=  (t - 1) (8 t alpha + 8 T h e / W).
+
+The left side does not depend on t and the right side grows with it, so there is a
+largest t that still pays: :func:`max_useful_tp`. On bandwidth alone (alpha = 0) the
+tokens T cancel, and
+
+    t_max = 1 + (6P + 12 s h) W / (8 h e C)                 (:func:`bandwidth_bound_tp`)
+
+For a GPT layer (P = 12 h², F = 4h) this is ``1 + (9h + 1.5 s) W / (e C)``; with bf16 and
+s much smaller than 6h, ``t_max ~ 1 + 4.5 h W / C = 1 + (9/8) F W / C``: about F W / C,
+the rule of thumb of "How to Scale Your Model" (Austin et al. 2025, "Training" chapter),
+which counts only the MLP and drops (t-1)/t. The batch matters only through the latency
+term: a small micro-batch sends small messages, and alpha lowers t_max.
+
+For an H100 (989 TFLOP/s dense bf16, the ``dgx-h100`` preset) with h = 8192:
+NVLink 4 (450 GB/s) allows t up to about 17, so the whole 8-GPU node; InfiniBand NDR
+(50 GB/s per GPU) about 2 (:func:`max_useful_tp_on_h100` computes both). That is why
+TP stays inside the NVLink domain.
+
+**TP and FSDP together** (:func:`tp_fsdp_comm`). N GPUs, TP over t of them and FSDP
+(ZeRO-3) over the d = N/t groups; each GPU's share of the batch is b tokens, so a TP
+group works on t b tokens. Per GPU and step, from the library's volumes:
+
+* FSDP (:func:`distlab.calc.comm.fsdp_comm`): all-gather forward, all-gather backward,
+  reduce-scatter of the gradients, each (d-1)/d of the GPU's P L / t parameters:
+  ``~ 3 P L e / t`` bytes;
+* TP (:func:`distlab.calc.comm.tensor_parallel_comm`): ``8 (t-1)/t (t b) h e L
+  = 8 (t-1) b h e L`` bytes.
+
+So ``V(t) ~ L e (3P/t + 8 (t-1) b h)`` for large d. TP of degree t sends less than
+pure FSDP (t = 1) when ``3P (1 - 1/t) > 8 (t-1) b h``, that is when the per-GPU batch
+
+    b < 3P / (8 h t)                                         (:func:`tp_fsdp_batch_bound`)
+
+(for t = 2 and P = 12 h²: b < 9h/4 tokens per GPU). Setting dV/dt = 0 gives the best
+split ``t* = sqrt(3P / (8 b h))`` (``sqrt(4.5 h / b)`` for a GPT layer):
+:func:`best_tp_fsdp_split` searches the divisors of N with the exact volumes. Austin et
+al. derive the same shape (FSDP's bytes fall as 1/t, TP's grow with t b, the best FSDP
+degree grows as the square root of the batch) for the MLP alone. Bytes only: both
+groups are assumed to use the same link; in practice TP sits on NVLink and FSDP
+crosses the network, which :func:`distlab.calc.planner.plan` weighs.
+
+**And the planner?** :mod:`distlab.calc.planner` minimises step time with TP
+communication on the critical path, under a memory limit. Past max_useful_tp the layer
+is communication-bound, so a larger tp only wins there when memory or the pipeline
+bubble force it; ``tests/test_calc_tp_roofline.py`` checks that for the presets the
+planner's tp stays within max_useful_tp of its own TP link, compute efficiency and
+micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from distlab.core.checks import divisors, fraction, positive, positive_int
+
+from ..sim.topology import IB_NDR, NVLINK4, PRESETS, Link
+from .comm import fsdp_comm, tensor_parallel_comm
+from .flops import attention_flops_per_token, training_flops_per_token
+from .transformer import ModelSpec, model_preset
+
+#: H100 SXM dense bf16 peak, as the ``dgx-h100`` cluster preset states it
+H100_PEAK_FLOPS = PRESETS["dgx-h100"].gpu_peak_flops
+#: the two links a TP group of H100s can use: NVLink inside the node, InfiniBand across
+H100_LINKS: dict[str, Link] = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
+
+
+@dataclass(frozen=True)
+class TPLayerTime:
+    """One layer's forward + backward on one GPU of a TP group of ``tp``: seconds and sizes."""
+
+    tp: int
+    flops: float
+    comm_bytes: float
+    compute_s: float
+    comm_s: float
+
+    @property
+    def comm_bound(self) -> bool:
+        """True when the TP collectives take longer than the layer's matmuls."""
+        return self.comm_s > self.compute_s
+
+    @property
+    def comm_to_compute(self) -> float:
+        """Communication seconds per compute second (above 1: communication-bound)."""
+        return self.comm_s / self.compute_s
+
+
+def _spec(model: ModelSpec | str) -> ModelSpec:
+    spec = model_preset(model) if isinstance(model, str) else model
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
+    return spec
+
+
+def _rate(peak_flops: float, compute_efficiency: float) -> float:
+    """C: the FLOP/s one GPU sustains, ``peak_flops * compute_efficiency`` (0 < efficiency <= 1)."""
+    efficiency = positive("compute_efficiency", fraction("compute_efficiency", compute_efficiency))
+    return positive("peak_flops", peak_flops) * efficiency
+
+
+def layer_flops_per_token(model: ModelSpec | str) -> float:
+    """Forward + backward FLOPs of one layer per token: 6 P + 12 s h
+    (:func:`~distlab.calc.flops.training_flops_per_token` of the layer's parameters plus
+    :func:`~distlab.calc.flops.attention_flops_per_token` for one layer)."""
+    spec = _spec(model)
+    return training_flops_per_token(spec.params_per_layer) + attention_flops_per_token(
+        layers=1, hidden=spec.hidden, seq_len=spec.seq_len
+    )
+
+
+def tp_layer_time(
+    model: ModelSpec | str,
+    *,
+    tp: int,
+    link: Link,
+    peak_flops: float,
+    micro_batch: int = 1,
+    compute_efficiency: float = 1.0,
+    sequence_parallel: bool = False,
+    bytes_per_element: int = 2,
+) -> TPLayerTime:
+    """Compute and TP-communication seconds of one layer (module docstring, "The roofline").
+
+    ``t_c = (6P + 12 s h) b s / (t C)`` with ``C = peak_flops * compute_efficiency``;
+    ``t_m`` = :func:`~distlab.calc.comm.tensor_parallel_comm` for one layer, timed on
+    ``link`` (:meth:`~distlab.calc.volume.CommVolume.time_on`: messages x alpha + bytes / W).
+    """
+    spec = _spec(model)
+    t = positive_int("tp", tp)
+    b = positive_int("micro_batch", micro_batch)
+    rate = _rate(peak_flops, compute_efficiency)
+    flops = layer_flops_per_token(spec) * b * spec.seq_len / t
+    volume = tensor_parallel_comm(
+        seq_len=spec.seq_len,
+        micro_batch=b,
+        hidden=spec.hidden,
+        layers=1,
+        tp=t,
+        sequence_parallel=sequence_parallel,
+        bytes_per_element=bytes_per_element,
+    )
+    return TPLayerTime(t, flops, volume.total, flops / rate, volume.time_on(link))
+
+
+def max_useful_tp(
+    model: ModelSpec | str,
+    *,
+    link: Link,
+    peak_flops: float,
+    micro_batch: int = 1,
+    compute_efficiency: float = 1.0,
+    bytes_per_element: int = 2,
+    limit: int = 4096,
+) -> int:
+    """The largest t whose layer compute still covers its TP communication.
+
+    Solves ``(6P + 12 s h) T / C >= (t-1)(8 t alpha + 8 T h e / W)`` (module docstring) by
+    stepping t up with :func:`tp_layer_time` until communication takes longer; the right
+    side grows with t, so the first t that fails ends the search. Any integer t is
+    counted: a real layout also needs t to divide the heads and the GPUs of a node.
+    Returns 1 when even t = 2 is communication-bound; raises if ``limit`` still pays.
+    """
+    last = positive_int("limit", limit)
+    for t in range(2, last + 1):
+        step = tp_layer_time(
+            model,
+            tp=t,
+            link=link,
+            peak_flops=peak_flops,
+            micro_batch=micro_batch,
+            compute_efficiency=compute_efficiency,
+            bytes_per_element=bytes_per_element,
+        )
+        if step.comm_bound:
+            return t - 1
+    raise ValueError(f"every tp up to limit={last} still pays; raise the limit")
+
+
+def bandwidth_bound_tp(
+    model: ModelSpec | str,
+    *,
+    bandwidth: float,
+    peak_flops: float,
+    compute_efficiency: float = 1.0,
+    bytes_per_element: int = 2,
+) -> float:
+    """``1 + (6P + 12 s h) W / (8 h e C)``: the real-valued t at which compute equals TP
+    communication when latency is ignored (module docstring). :func:`max_useful_tp` on a
+    link with alpha = 0 is its floor. For a GPT layer, ~ ``1 + (9/8) F W / C``."""
+    spec = _spec(model)
+    rate = _rate(peak_flops, compute_efficiency)
+    e = positive_int("bytes_per_element", bytes_per_element)
+    per_token = layer_flops_per_token(spec)
+    return 1 + per_token * positive("bandwidth", bandwidth) / (8 * spec.hidden * e * rate)
+
+
+def max_useful_tp_on_h100(
+    model: ModelSpec | str, *, micro_batch: int = 1, compute_efficiency: float = 1.0
+) -> dict[str, int]:
+    """:func:`max_useful_tp` on an H100 (:data:`H100_PEAK_FLOPS`) over each of
+    :data:`H100_LINKS`: ``{"NVLink 4": ..., "InfiniBand NDR": ...}``."""
+    return {
+        name: max_useful_tp(
+            model,
+            link=link,
+            peak_flops=H100_PEAK_FLOPS,
+            micro_batch=micro_batch,
+            compute_efficiency=compute_efficiency,
+        )
+        for name, link in H100_LINKS.items()
+    }
+
+
+# ------------------------------------------------------------------ TP and FSDP together
+
+
+@dataclass(frozen=True)
+class TpFsdpComm:
+    """Bytes one GPU sends per step with TP over ``tp`` GPUs and FSDP over ``fsdp`` groups."""
+
+    tp: int
+    fsdp: int
+    tp_bytes: float
+    fsdp_bytes: float
+
+    @property
+    def total(self) -> float:
+        return self.tp_bytes + self.fsdp_bytes
+
+
+def tp_fsdp_comm(
+    model: ModelSpec | str,
+    *,
+    n_gpus: int,
+    tp: int,
+    tokens_per_gpu: int,
+    bytes_per_element: int = 2,
+) -> TpFsdpComm:
+    """Per-GPU bytes of TP and of FSDP for the model's layers (module docstring).
+
+    FSDP: :func:`~distlab.calc.comm.fsdp_comm` of the GPU's ``L P / tp`` parameters over
+    ``n_gpus / tp`` ranks; TP: :func:`~distlab.calc.comm.tensor_parallel_comm` of the TP
+    group's ``tp * tokens_per_gpu`` tokens over ``tp`` ranks. Embeddings are left out.
+    """
+    spec = _spec(model)
+    n = positive_int("n_gpus", n_gpus)
+    t = positive_int("tp", tp)
+    if n % t:
+        raise ValueError(f"tp={t} must divide n_gpus={n}")
+    b = positive_int("tokens_per_gpu", tokens_per_gpu)
+    d = n // t
+    tp_bytes = tensor_parallel_comm(
+        seq_len=t * b,
+        micro_batch=1,
+        hidden=spec.hidden,
+        layers=spec.layers,
+        tp=t,
+        bytes_per_element=bytes_per_element,
+    ).total
+    fsdp_bytes = 0.0
+    if d > 1:
+        params = spec.layers * spec.params_per_layer / t
+        fsdp_bytes = fsdp_comm(params, dp=d, bytes_per_param=bytes_per_element).total
+    return TpFsdpComm(t, d, tp_bytes, fsdp_bytes)
+
+
+def tp_fsdp_batch_bound(model: ModelSpec | str, *, tp: int = 2) -> float:
+    """``3P / (8 h t)``: the tokens per GPU below which TP of degree ``tp`` mixed into FSDP
+    sends fewer bytes than pure FSDP (large FSDP groups; module docstring)."""
+    spec = _spec(model)
+    t = positive_int("tp", tp)
+    if t < 2:
+        raise ValueError(f"tp must be >= 2 to mix TP into FSDP, got {tp!r}")
+    return 3 * spec.params_per_layer / (8 * spec.hidden * t)
+
+
+def optimal_tp(model: ModelSpec | str, *, tokens_per_gpu: float) -> float:
+    """``sqrt(3P / (8 b h))``: the real-valued TP degree that minimises TP + FSDP bytes
+    per GPU for large FSDP groups (module docstring); :func:`best_tp_fsdp_split` rounds
+    it to the best divisor with exact volumes."""
+    spec = _spec(model)
+    b = positive("tokens_per_gpu", tokens_per_gpu)
+    return math.sqrt(3 * spec.params_per_layer / (8 * b * spec.hidden))
+
+
+def best_tp_fsdp_split(
+    model: ModelSpec | str,
+    *,
+    n_gpus: int,
+    tokens_per_gpu: int,
+    max_tp: int | None = None,
+    bytes_per_element: int = 2,
+) -> TpFsdpComm:
+    """The (tp, fsdp) split of ``n_gpus`` that sends the fewest bytes per GPU, over the
+    divisors of ``n_gpus`` up to ``max_tp`` (e.g. the GPUs of one NVLink domain)."""
+    n = positive_int("n_gpus", n_gpus)
+    top = n if max_tp is None else positive_int("max_tp", max_tp)
+    splits = [
+        tp_fsdp_comm(
+            model,
+            n_gpus=n,
+            tp=t,
+            tokens_per_gpu=tokens_per_gpu,
+            bytes_per_element=bytes_per_element,
+        )
+        for t in divisors(n)
+        if t <= top
+    ]
+    return min(splits, key=lambda s: s.total)

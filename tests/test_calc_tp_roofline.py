@@ -1,0 +1,129 @@
+"""The TP roofline and TP + FSDP (distlab.calc.tp_roofline) against its derivations.
+
+Every closed form of the module docstring is checked against the search over the
+library's own volumes (calc.comm) and FLOPs (calc.flops), and the planner's tp
+choices against max_useful_tp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distlab.calc import tp_roofline as r
+from distlab.calc.comm import fsdp_comm, tensor_parallel_comm
+from distlab.calc.planner import group_link, plan
+from distlab.calc.transformer import ModelSpec, model_preset
+from distlab.sim.topology import IB_NDR, NVLINK4, Link, preset
+
+GPT = ModelSpec("gpt-8k", layers=4, hidden=8192, heads=64, vocab=50257, seq_len=2048)
+NO_LATENCY = Link("bandwidth only", alpha=0.0, bandwidth=450e9)
+
+
+def test_layer_time_uses_the_library_volume_and_flops():
+    step = r.tp_layer_time(GPT, tp=4, link=NVLINK4, peak_flops=1e15, micro_batch=2)
+    volume = tensor_parallel_comm(seq_len=2048, micro_batch=2, hidden=8192, layers=1, tp=4)
+    assert step.comm_bytes == volume.total
+    assert step.comm_s == volume.time_on(NVLINK4)
+    per_token = 6 * GPT.params_per_layer + 12 * 2048 * 8192
+    assert step.flops == pytest.approx(per_token * 2 * 2048 / 4)
+    assert step.compute_s == pytest.approx(step.flops / 1e15)
+
+
+def test_max_useful_tp_is_where_compute_stops_covering_communication():
+    kwargs = {"link": NVLINK4, "peak_flops": r.H100_PEAK_FLOPS}
+    t = r.max_useful_tp(GPT, **kwargs)
+    assert not r.tp_layer_time(GPT, tp=t, **kwargs).comm_bound
+    assert r.tp_layer_time(GPT, tp=t + 1, **kwargs).comm_bound
+
+
+def test_without_latency_the_search_is_the_closed_form_and_tokens_cancel():
+    bound = r.bandwidth_bound_tp(GPT, bandwidth=450e9, peak_flops=r.H100_PEAK_FLOPS)
+    for b in (1, 8):
+        found = r.max_useful_tp(GPT, link=NO_LATENCY, peak_flops=r.H100_PEAK_FLOPS, micro_batch=b)
+        assert found == math.floor(bound)
+    # a GPT layer: 1 + (9h + 1.5 s) W / (e C), about 1 + (9/8) F W / C
+    h, s, w, c = 8192, 2048, 450e9, r.H100_PEAK_FLOPS
+    assert bound == pytest.approx(1 + (9 * h + 1.5 * s) * w / (2 * c), rel=1e-3)  # + biases
+    assert bound == pytest.approx(1 + 9 / 8 * (4 * h) * w / c, rel=0.05)
+
+
+def test_latency_lowers_max_useful_tp_for_small_batches():
+    peak = r.H100_PEAK_FLOPS
+    small = r.max_useful_tp(GPT, link=NVLINK4, peak_flops=peak, micro_batch=1)
+    large = r.max_useful_tp(GPT, link=NVLINK4, peak_flops=peak, micro_batch=64)
+    bound = r.bandwidth_bound_tp(GPT, bandwidth=NVLINK4.bandwidth, peak_flops=peak)
+    assert small < large <= math.floor(bound)
+
+
+def test_h100_nvlink_covers_a_node_and_infiniband_barely_two():
+    limits = r.max_useful_tp_on_h100(GPT)
+    assert set(limits) == {"NVLink 4", "InfiniBand NDR"}
+    assert limits["NVLink 4"] >= 8  # the whole 8-GPU DGX H100 node
+    assert limits["InfiniBand NDR"] <= 3
+    assert r.H100_LINKS == {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
+
+
+@pytest.mark.parametrize(("model", "nodes", "batch"), [("7B", 2, 256), ("70B", 8, 1024)])
+def test_planner_tp_stays_within_max_useful_tp(model, nodes, batch):
+    cluster = preset("dgx-h100", nodes=nodes)
+    chosen = plan(model, cluster, global_batch=batch)
+    layout = chosen.best.layout
+    link = group_link(cluster, stride=1, size=layout.tp) or cluster.intra
+    limit = r.max_useful_tp(
+        model,
+        link=link,
+        peak_flops=cluster.gpu_peak_flops,
+        micro_batch=layout.micro_batch,
+        compute_efficiency=chosen.assumptions.compute_efficiency,
+    )
+    assert layout.tp <= limit
+
+
+def test_tp_fsdp_parts_are_the_library_volumes():
+    split = r.tp_fsdp_comm(GPT, n_gpus=64, tp=4, tokens_per_gpu=1024)
+    assert (split.tp, split.fsdp) == (4, 16)
+    tp = tensor_parallel_comm(seq_len=4 * 1024, micro_batch=1, hidden=8192, layers=4, tp=4)
+    fsdp = fsdp_comm(4 * GPT.params_per_layer / 4, dp=16)
+    assert split.tp_bytes == tp.total
+    assert split.fsdp_bytes == fsdp.total
+    assert split.total == tp.total + fsdp.total
+    pure = r.tp_fsdp_comm(GPT, n_gpus=64, tp=1, tokens_per_gpu=1024)
+    assert pure.tp_bytes == 0
+
+
+def test_tp_lowers_fsdp_communication_only_below_the_batch_bound():
+    bound = r.tp_fsdp_batch_bound(GPT, tp=2)
+    assert bound == pytest.approx(3 * GPT.params_per_layer / (8 * 8192 * 2))
+    n = 4096  # large FSDP groups, as the bound assumes
+
+    def gain(tokens):
+        pure = r.tp_fsdp_comm(GPT, n_gpus=n, tp=1, tokens_per_gpu=tokens).total
+        return pure - r.tp_fsdp_comm(GPT, n_gpus=n, tp=2, tokens_per_gpu=tokens).total
+
+    assert gain(int(bound * 0.9)) > 0
+    assert gain(int(bound * 1.1)) < 0
+
+
+def test_best_split_is_the_divisor_nearest_the_optimum():
+    tokens = 1024
+    best = r.best_tp_fsdp_split(GPT, n_gpus=4096, tokens_per_gpu=tokens)
+    optimum = r.optimal_tp(GPT, tokens_per_gpu=tokens)  # sqrt(3P / (8 b h)) ~ 6.1
+    assert best.tp in (2 ** math.floor(math.log2(optimum)), 2 ** math.ceil(math.log2(optimum)))
+    every = [r.tp_fsdp_comm(GPT, n_gpus=4096, tp=t, tokens_per_gpu=tokens) for t in (1, 2, 4, 8)]
+    assert best.total <= min(s.total for s in every)
+    capped = r.best_tp_fsdp_split(GPT, n_gpus=4096, tokens_per_gpu=tokens, max_tp=2)
+    assert capped.tp == 2
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="tp=3 must divide n_gpus=64"):
+        r.tp_fsdp_comm(GPT, n_gpus=64, tp=3, tokens_per_gpu=8)
+    with pytest.raises(ValueError, match="compute_efficiency"):
+        r.tp_layer_time(GPT, tp=2, link=NVLINK4, peak_flops=1e15, compute_efficiency=0)
+    with pytest.raises(ValueError, match="tp must be >= 2"):
+        r.tp_fsdp_batch_bound(GPT, tp=1)
+    with pytest.raises(TypeError, match="ModelSpec"):
+        r.layer_flops_per_token(42)
+    assert r.layer_flops_per_token("70B") == r.layer_flops_per_token(model_preset("70B"))
