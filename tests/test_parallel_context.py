@@ -1,9 +1,12 @@
-"""Ring attention (context parallelism) on 1, 2 and 4 gloo ranks against dense causal attention.
+"""Context parallelism on 1, 2 and 4 gloo ranks against dense causal attention:
+ring attention and the K/V all-gather (Llama 3).
 
 Each rank holds its tokens of Q, K and V (contiguous or zig-zag split); the
 output and the gradients of Q, K and V must equal dense causal attention's on
 those tokens, with N-1 messages per pass (forward and backward), and the
-work each rank computes shows the zig-zag split's balance.
+work each rank computes shows the zig-zag split's balance. The all-gather
+sends the bytes ``calc.comm.context_parallel_gather_comm`` counts (the ring's),
+and each method holds the K/V ``calc.comm.context_parallel_kv_bytes`` says.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pytest
 import torch
 
 import distlab
+from distlab.calc.comm import context_parallel_gather_comm, context_parallel_kv_bytes
 from distlab.models import GPTBlock
 from distlab.parallel.context import dense_causal_attention, local_positions
 
@@ -40,30 +44,42 @@ def block_inputs():
 def _worker(rank, world_size):
     torch.set_num_threads(1)
     from distlab.parallel.context import ContextParallelBlock, Ring, ring_attention, split_sequence
+    from distlab.parallel.context_gather import KVGather
 
     out = {}
-    for split in ("contiguous", "zigzag"):
-        ring = Ring(split=split)
+    for method, split in [(m, s) for m in ("ring", "gather") for s in ("contiguous", "zigzag")]:
+        cp = Ring(split=split) if method == "ring" else KVGather(split=split)
         q, k, v, grad = (split_sequence(t, 2, world_size, rank, split) for t in inputs())
         for t in (q, k, v):
             t.requires_grad_()
-        y = ring_attention(q, k, v, ring, S)
+        y = ring_attention(q, k, v, cp, S) if method == "ring" else cp.attend(q, k, v, S)
         y.backward(grad)
-        out[split] = {
+        out[split if method == "ring" else f"gather {split}"] = {
             "y": y.detach(),
             "grads": [q.grad, k.grad, v.grad],
-            "messages": dict(ring.messages),
-            "bytes": dict(ring.bytes_sent),
-            "work": ring.work,
+            "messages": dict(cp.messages),
+            "bytes": dict(cp.bytes_sent),
+            "work": cp.work,
+            "held": cp.kv_bytes_held,
         }
-    ring = Ring(split="zigzag")
-    block = ContextParallelBlock(make_block(), ring, seq_len=S)
+    block = ContextParallelBlock(make_block(), Ring(split="zigzag"), seq_len=S)
     x, grad = (split_sequence(t, 1, world_size, rank, "zigzag") for t in block_inputs())
     x.requires_grad_()
     y = block(x)
     y.backward(grad)
     block.finish_gradients()
     out["block"] = {
+        "y": y.detach(),
+        "x_grad": x.grad,
+        "grads": {n.removeprefix("block."): p.grad for n, p in block.named_parameters()},
+    }
+    block = ContextParallelBlock(make_block(), KVGather(split="contiguous"), seq_len=S)
+    x, grad = (split_sequence(t, 1, world_size, rank, "contiguous") for t in block_inputs())
+    x.requires_grad_()
+    y = block(x)
+    y.backward(grad)
+    block.finish_gradients()
+    out["gather block"] = {
         "y": y.detach(),
         "x_grad": x.grad,
         "grads": {n.removeprefix("block."): p.grad for n, p in block.named_parameters()},
@@ -88,13 +104,29 @@ def dense():
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
 @pytest.mark.parametrize("split", ["contiguous", "zigzag"])
-def test_ring_attention_equals_dense_causal_attention(cp, split):
+@pytest.mark.parametrize("method", ["ring", "gather"])
+def test_context_parallel_attention_equals_dense_causal_attention(cp, split, method):
     y, grads = dense()
+    key = split if method == "ring" else f"gather {split}"
     for r, res in enumerate(results(cp)):
         mine = local_positions(S, cp, r, split)
-        torch.testing.assert_close(res[split]["y"], y[:, :, mine])
-        for got, want, name in zip(res[split]["grads"], grads, "qkv", strict=True):
+        torch.testing.assert_close(res[key]["y"], y[:, :, mine])
+        for got, want, name in zip(res[key]["grads"], grads, "qkv", strict=True):
             torch.testing.assert_close(got, want[:, :, mine], msg=f"d{name}")
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_the_gather_sends_the_rings_bytes_and_holds_every_block(cp):
+    shape = {"seq_len": S // cp, "micro_batch": B, "hidden": A * D, "bytes_per_element": 4}
+    volume = context_parallel_gather_comm(**shape, layers=1, cp=cp)
+    per_phase = {part.what.split()[0]: part.bytes_sent for part in volume.parts}
+    for res in results(cp):
+        for split in ("contiguous", "zigzag"):
+            gather, ring = res[f"gather {split}"], res[split]
+            assert gather["bytes"] == per_phase == ring["bytes"]
+            assert gather["messages"] == ring["messages"]  # N-1 ring steps each way
+            assert gather["held"] == context_parallel_kv_bytes("all_gather", **shape, cp=cp)
+            assert ring["held"] == context_parallel_kv_bytes("ring", **shape, cp=cp)
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
@@ -135,15 +167,16 @@ def test_a_sequence_the_split_cannot_cut_is_refused_on_every_rank():
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
-def test_context_parallel_block_equals_dense_block(cp):
+@pytest.mark.parametrize(("key", "split"), [("block", "zigzag"), ("gather block", "contiguous")])
+def test_context_parallel_block_equals_dense_block(cp, key, split):
     block = make_block()
     x, grad = block_inputs()
     x.requires_grad_()
     y = block(x)
     y.backward(grad)
     for r, res in enumerate(results(cp)):
-        mine = local_positions(S, cp, r, "zigzag")
-        torch.testing.assert_close(res["block"]["y"], y.detach()[:, mine])
-        torch.testing.assert_close(res["block"]["x_grad"], x.grad[:, mine])
+        mine = local_positions(S, cp, r, split)
+        torch.testing.assert_close(res[key]["y"], y.detach()[:, mine])
+        torch.testing.assert_close(res[key]["x_grad"], x.grad[:, mine])
         for name, p in block.named_parameters():
-            torch.testing.assert_close(res["block"]["grads"][name], p.grad, msg=name)
+            torch.testing.assert_close(res[key]["grads"][name], p.grad, msg=name)

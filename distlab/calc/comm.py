@@ -5,7 +5,10 @@
 * Megatron tensor (and sequence) parallelism: :func:`tensor_parallel_comm`, and the
   vocabulary-parallel embedding, head and loss: :func:`vocab_parallel_comm`;
 * pipeline parallelism: :func:`pipeline_parallel_comm`;
-* context parallelism (ring attention): :func:`context_parallel_comm`.
+* context parallelism: ring attention :func:`context_parallel_comm`, the K/V
+  all-gather (Llama 3) :func:`context_parallel_gather_comm`, all-to-all
+  (DeepSpeed-Ulysses) :func:`ulysses_comm`, and the K/V each holds at once,
+  :func:`context_parallel_kv_bytes`.
 
 Each returns a :class:`~distlab.calc.volume.CommVolume` of
 :class:`~distlab.calc.volume.CommPart` s, counted as ring algorithms move the
@@ -21,12 +24,15 @@ from __future__ import annotations
 from distlab.core.checks import choice, positive, positive_int
 
 from .volume import (
+    AllToAllPart,
     CommPart,
     CommVolume,
 )
 
 _ZERO_STAGES = (0, 1, 2, 3)
 _RECOMPUTE = ("none", "selective", "full")
+#: the ways attention reaches the other ranks' tokens under context parallelism
+CP_METHODS = ("ring", "all_gather", "ulysses")
 
 
 def data_parallel_comm(
@@ -264,13 +270,7 @@ def context_parallel_comm(
     c = positive_int("cp", cp)
     if c == 1:
         return CommVolume("context parallel", ())
-    kv = (
-        2
-        * positive_int("seq_len", seq_len)
-        * positive_int("micro_batch", micro_batch)
-        * positive_int("hidden", hidden)
-        * positive_int("bytes_per_element", bytes_per_element)
-    )
+    kv = _local_kv_bytes(seq_len, micro_batch, hidden, bytes_per_element)
     hops = (c - 1) * positive_int("layers", layers) * positive_int("micro_batches", micro_batches)
     return CommVolume(
         "context parallel",
@@ -280,3 +280,104 @@ def context_parallel_comm(
             CommPart("backward K/V gradients to next rank", "send_recv", c, kv, hops),
         ),
     )
+
+
+def _local_kv_bytes(seq_len: int, micro_batch: int, hidden: int, bytes_per_element: int) -> int:
+    """``2 b s h`` elements: the K and V of the ``seq_len`` tokens one rank holds."""
+    return (
+        2
+        * positive_int("seq_len", seq_len)
+        * positive_int("micro_batch", micro_batch)
+        * positive_int("hidden", hidden)
+        * positive_int("bytes_per_element", bytes_per_element)
+    )
+
+
+def context_parallel_gather_comm(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    layers: int,
+    cp: int,
+    micro_batches: int = 1,
+    bytes_per_element: int = 2,
+) -> CommVolume:
+    """All-gather context parallelism's traffic (Llama 3; :mod:`distlab.parallel.context_gather`).
+
+    ``seq_len`` is the tokens one rank holds, as in :func:`context_parallel_comm`.
+    Each layer all-gathers every rank's K and V (a buffer of ``cp x 2 b s h``
+    elements) once in the forward and reduce-scatters their gradients once in the
+    backward (the gathered K/V are kept for backward, not gathered again): each
+    rank sends ``(cp-1) 2 b s h`` elements per collective, the bytes ring
+    attention sends hop by hop. Per step: ``micro_batches`` x ``layers`` x those.
+    """
+    c = positive_int("cp", cp)
+    kv = _local_kv_bytes(seq_len, micro_batch, hidden, bytes_per_element)
+    if c == 1:
+        return CommVolume("context parallel, all-gather", ())
+    calls = positive_int("layers", layers) * positive_int("micro_batches", micro_batches)
+    return CommVolume(
+        "context parallel, all-gather",
+        (
+            CommPart("forward K/V all-gather", "all_gather", c, c * kv, calls),
+            CommPart("backward K/V gradient reduce-scatter", "reduce_scatter", c, c * kv, calls),
+        ),
+    )
+
+
+def ulysses_comm(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    layers: int,
+    cp: int,
+    micro_batches: int = 1,
+    bytes_per_element: int = 2,
+) -> CommVolume:
+    """DeepSpeed-Ulysses' all-to-all traffic (Jacobs et al. 2023, Section 3.2;
+    :mod:`distlab.parallel.ulysses`).
+
+    ``seq_len`` is the tokens one rank holds. Each layer runs four all-to-alls in
+    the forward (Q, K and V to head groups, the output back to tokens) and four in
+    the backward (their gradients), each on the ``b s h`` elements a rank holds, of
+    which it sends ``(cp-1)/cp``: per rank ``8 (cp-1)/cp b s h`` elements per
+    layer, constant when the whole sequence and ``cp`` grow together. Per step:
+    ``micro_batches`` x ``layers`` x those.
+    """
+    c = positive_int("cp", cp)
+    payload = _local_kv_bytes(seq_len, micro_batch, hidden, bytes_per_element) // 2
+    if c == 1:
+        return CommVolume("context parallel, Ulysses", ())
+    calls = 4 * positive_int("layers", layers) * positive_int("micro_batches", micro_batches)
+    return CommVolume(
+        "context parallel, Ulysses",
+        (
+            AllToAllPart("forward Q, K, V to heads and output to tokens", c, payload, calls),
+            AllToAllPart("backward gradients of the same", c, payload, calls),
+        ),
+    )
+
+
+def context_parallel_kv_bytes(
+    method: str, *, seq_len: int, micro_batch: int, hidden: int, cp: int, bytes_per_element: int = 2
+) -> int:
+    """K/V bytes one rank holds at once while one layer's attention runs forward.
+
+    ``seq_len`` is the tokens one rank holds, ``kv = 2 b s h`` elements its K and V:
+
+    * ``"ring"``: the block in hand and the one arriving, ``2 kv`` (``kv`` if cp = 1);
+    * ``"all_gather"``: every rank's block, ``cp kv`` (the own block gathered in place);
+    * ``"ulysses"``: its ``h/cp`` head features of all ``cp s`` tokens, ``kv``.
+
+    Activations saved for backward are another matter: distlab's ring and
+    all-gather both keep every K/V block for backward (autograd), while a
+    fused ring kernel recomputes instead and passes the blocks round again.
+    """
+    choice("method", method, CP_METHODS)
+    c = positive_int("cp", cp)
+    kv = _local_kv_bytes(seq_len, micro_batch, hidden, bytes_per_element)
+    if method == "ring":
+        return kv * min(c, 2)
+    return kv * c if method == "all_gather" else kv

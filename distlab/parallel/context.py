@@ -78,16 +78,24 @@ def split_sequence(x: torch.Tensor, dim: int, cp: int, rank: int, split: str) ->
 
 
 @dataclass
-class Ring:
-    """The context-parallel group as a ring: who to send to and receive from,
-    and what this rank sent and computed (``messages``/``bytes_sent`` by phase,
-    ``work``: attention score elements computed in forward)."""
+class ContextGroup:
+    """The context-parallel group of this rank, its split of the sequence, and what
+    this rank sent (``messages``/``bytes_sent`` by phase), computed (``work``:
+    attention score elements in forward) and held (``kv_bytes_held``: the most K/V
+    bytes of communication buffers alive at once in forward).
+
+    The three ways to run attention over the group are its subclasses, each with
+    an :meth:`attend`: :class:`Ring` (ring attention, here),
+    :class:`~distlab.parallel.context_gather.KVGather` (all-gather K/V, Llama 3)
+    and :class:`~distlab.parallel.ulysses.Ulysses` (all-to-all, DeepSpeed-Ulysses).
+    """
 
     group: object = None
     split: str = "contiguous"
     messages: Counter = field(default_factory=Counter)
     bytes_sent: Counter = field(default_factory=Counter)
     work: int = 0
+    kv_bytes_held: int = 0
 
     def __post_init__(self) -> None:
         chunks_of(0, 1, self.split)  # validates split
@@ -99,6 +107,41 @@ class Ring:
                 f"rank {dist.get_rank()} is not in the context-parallel group "
                 f"{dist.get_process_group_ranks(self.group)}"
             )
+
+    def positions(self, seq_len: int, rank: int | None = None) -> torch.Tensor:
+        """The global positions of the tokens group rank ``rank`` (default: this one) holds."""
+        return local_positions(seq_len, self.size, self.rank if rank is None else rank, self.split)
+
+    def check_shapes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int):
+        """This rank's positions, after checking that q, k, v hold exactly its tokens."""
+        mine = self.positions(seq_len).to(q.device)
+        if q.shape[2] != mine.numel() or k.shape != q.shape or v.shape != q.shape:
+            raise ValueError(
+                f"q, k, v must each hold this rank's {mine.numel()} tokens of seq_len={seq_len}: "
+                f"got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            )
+        return mine
+
+    def check_heads(self, heads: int) -> None:
+        """Raise ``ValueError`` if attention with ``heads`` heads cannot run here (any count can
+        for the ring and the all-gather; Ulysses needs a multiple of the group size)."""
+
+    def hold(self, *buffers: torch.Tensor) -> None:
+        """Note K/V buffers alive at the same time (for ``kv_bytes_held``)."""
+        held = sum(t.numel() * t.element_size() for t in buffers)
+        self.kv_bytes_held = max(self.kv_bytes_held, held)
+
+    def attend(self, q, k, v, seq_len: int) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no attention")
+
+
+@dataclass
+class Ring(ContextGroup):
+    """The context-parallel group as a ring: who to send to (``next``) and receive
+    from (``prev``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.next = global_rank(self.group, (self.rank + 1) % self.size)
         self.prev = global_rank(self.group, (self.rank - 1) % self.size)
 
@@ -116,7 +159,13 @@ class Ring:
             request.wait()
         self.messages[phase] += 1
         self.bytes_sent[phase] += x.numel() * x.element_size()
+        if phase == "forward":
+            self.hold(x, received)
         return received
+
+    def attend(self, q, k, v, seq_len: int) -> torch.Tensor:
+        """:func:`ring_attention` on this ring."""
+        return ring_attention(q, k, v, self, seq_len)
 
 
 class RingPass(torch.autograd.Function):
@@ -145,12 +194,7 @@ def ring_attention(
     """Causal softmax(Q K^T / sqrt(d)) V for this rank's queries over the whole
     sequence, each argument being this rank's tokens (``split_sequence``)."""
     n_chunks = len(chunks_of(ring.rank, ring.size, ring.split))
-    mine = local_positions(seq_len, ring.size, ring.rank, ring.split).to(q.device)
-    if q.shape[2] != mine.numel() or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(
-            f"q, k, v must each hold this rank's {mine.numel()} tokens of seq_len={seq_len}: "
-            f"got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+    mine = ring.check_shapes(q, k, v, seq_len)
     scale = 1.0 / math.sqrt(q.shape[-1])
     shape = (*q.shape[:2], mine.numel() // n_chunks, 1)
     state = [
@@ -158,6 +202,7 @@ def ring_attention(
         for _ in range(n_chunks)
     ]  # per query chunk: running max m, running sum l, running output o
     kv = torch.stack([k, v])  # one message per step
+    ring.hold(kv)
     for step in range(ring.size):
         owner = (ring.rank - step) % ring.size
         theirs = local_positions(seq_len, ring.size, owner, ring.split).to(q.device)
@@ -184,17 +229,34 @@ def ring_attention(
     return out + 0.0 * kv.sum()
 
 
-def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The single-process reference: softmax(Q K^T / sqrt(d) + causal mask) V."""
-    s = q.shape[2]
+def causal_attention_at(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d), keys after the query masked) V, with the global
+    sequence positions of the queries and of the keys given (in any order): the
+    local attention of the all-gather and Ulysses variants, and of the dense reference."""
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    future = k_positions[None, :] > q_positions[:, None]
     return scores.masked_fill(future, -math.inf).softmax(-1) @ v
 
 
-class ContextParallelBlock(nn.Module):
-    """A :class:`~distlab.models.GPTBlock` on this rank's tokens, attention by ring.
+def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The single-process reference: softmax(Q K^T / sqrt(d) + causal mask) V."""
+    positions = torch.arange(q.shape[2], device=q.device)
+    return causal_attention_at(q, k, v, positions, positions)
 
+
+class ContextParallelBlock(nn.Module):
+    """A :class:`~distlab.models.GPTBlock` on this rank's tokens, attention over the group.
+
+    ``cp`` is a :class:`ContextGroup` and says how attention reaches the other
+    ranks' tokens: a :class:`Ring` (ring attention), a
+    :class:`~distlab.parallel.context_gather.KVGather` (all-gather K/V) or a
+    :class:`~distlab.parallel.ulysses.Ulysses` (all-to-all to heads and back).
     Every weight is replicated (as in data parallelism); only attention needs
     the other ranks' tokens. Each rank's weight gradients cover its tokens, so
     :meth:`finish_gradients` sums them over the group (Megatron-LM reduces
@@ -202,19 +264,20 @@ class ContextParallelBlock(nn.Module):
     dropout is not supported (``dense.attn.dropout`` must be 0).
     """
 
-    def __init__(self, dense: GPTBlock, ring: Ring, *, seq_len: int, algorithm: str = "ring"):
+    def __init__(self, dense: GPTBlock, cp: ContextGroup, *, seq_len: int, algorithm: str = "ring"):
         super().__init__()
         if dense.attn.dropout:
             raise ValueError(f"attention dropout must be 0 here, got {dense.attn.dropout}")
-        local_positions(seq_len, ring.size, ring.rank, ring.split)  # validates seq_len
-        self.block, self.ring, self.seq_len = copy.deepcopy(dense), ring, seq_len
-        self.comm = Collectives(algorithm=algorithm, group=ring.group)
+        cp.positions(seq_len)  # validates seq_len
+        cp.check_heads(dense.attn.heads)
+        self.block, self.cp, self.seq_len = copy.deepcopy(dense), cp, seq_len
+        self.comm = Collectives(algorithm=algorithm, group=cp.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         attn = self.block.attn
         h = self.block.ln1(x)
         q, k, v = (attn._split(layer(h)) for layer in (attn.q, attn.k, attn.v))
-        out = ring_attention(q, k, v, self.ring, self.seq_len).transpose(1, 2).reshape(x.shape)
+        out = self.cp.attend(q, k, v, self.seq_len).transpose(1, 2).reshape(x.shape)
         x = x + dropout(attn.proj(out), attn.dropout, self.training)
         return x + self.block.mlp(self.block.ln2(x))
 
