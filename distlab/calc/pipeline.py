@@ -19,6 +19,26 @@ paper's T_B) and the weight gradient W (T_W) and delays the W's into the
 idle slots: the bubble per rank drops from (p-1)(T_F + T_I + T_W) to
 (p-1)(T_F + T_I - T_W) (:func:`zb_h1_bubble_time`), with 1F1B's memory.
 
+Beyond ZB-H1 (each built in :mod:`distlab.core.pipeline_schedule`; the
+fractions below are for T_F = T_I = T_W, one synchronous step, and the tests
+check each against the replay):
+
+* ZB-H2 (Qi et al., Section 3.1): more warm-up forwards, 2p - 1 micro-batches
+  in flight on the first rank. Every rank is busy from its first action to
+  its last, so the paper's bubble (p-1)(T_F + T_I - 2 T_W), zero at equal
+  costs, is reached when each rank starts its next step as soon as it is done
+  (:attr:`~distlab.sim.pipeline_replay.Timeline.span_bubble_fraction`); within
+  one synchronous step the ranks' staggered starts and ends still cost
+  (p-1)/(3m + p - 1), as ZB-H1.
+* ZB-V (Qi et al., Section 6) and DualPipeV (DeepSeek-AI 2024): two chunks
+  per rank in a V. A chunk is half a stage, so the staggered start and end
+  cost half as much: (p-1)/(6m + p - 1) of the step, with p (ZB-V) or
+  p + 1/2 (DualPipeV) micro-batches' activations on the first rank. The
+  DeepSeek-V3 report's own count, (PP/2 - 1)(F&B + B - 3W)
+  (:func:`dualpipe_bubble_time`), assumes sends that leave in batches.
+* Breadth-first looping (Lamy-Poirier 2023): the interleaved bubble
+  (p-1)/(v m + p - 1) with GPipe's memory (m micro-batches in flight).
+
 The schedules themselves are data, one type for the whole library
 (:mod:`distlab.core.pipeline_schedule`): :func:`schedule_ops` builds one,
 :func:`replay` (:mod:`distlab.sim.pipeline_replay`) times it with dependencies, and the bubble counted from the
@@ -30,22 +50,26 @@ micro-batches' activations; 1F1B keeps at most p on the first stage
 from __future__ import annotations
 
 from distlab.core.checks import choice, positive, positive_int
-from distlab.core.pipeline_schedule import GENERATORS, Schedule, build
+from distlab.core.pipeline_schedule import GENERATORS, LOOPING, V_SHAPED, Schedule, build
 from distlab.sim.pipeline_replay import Timeline, replay
 
-SCHEDULES = tuple(GENERATORS)  # "gpipe", "1f1b", "interleaved", "zb_h1"
+SCHEDULES = tuple(GENERATORS)  # gpipe, 1f1b, interleaved, zb_h1, zb_h2, zb_v, dualpipe_v, ...
 RELATIVE_TO = ("total", "ideal")
 
 
 def _check(stages: int, micro_batches: int, schedule: str, virtual_stages: int) -> tuple:
+    """(p, m, v): v is the chunks per rank, ``virtual_stages`` for a looping schedule,
+    2 for a V-shaped one (``virtual_stages`` 1 or 2), else 1."""
     p = positive_int("stages", stages)
     m = positive_int("micro_batches", micro_batches)
     choice("schedule", schedule, SCHEDULES)
     v = positive_int("virtual_stages", virtual_stages)
-    if schedule != "interleaved" and v != 1:
+    if schedule in V_SHAPED and v in (1, 2):
+        return p, m, 2
+    if schedule not in LOOPING and v != 1:
         raise ValueError(
-            f"virtual_stages={v} needs schedule='interleaved' (got {schedule!r}); "
-            "gpipe, 1f1b and zb_h1 have one model chunk per rank"
+            f"virtual_stages={v} needs a looping schedule ({', '.join(LOOPING)}), got "
+            f"{schedule!r}; the V-shaped {', '.join(V_SHAPED)} always have 2 chunks, the others 1"
         )
     return p, m, v
 
@@ -68,13 +92,28 @@ def bubble_fraction(
     ``"zb_h1"`` under Qi et al.'s assumption T_F = T_I = T_W (Section 3.1):
     bubble (p-1) T_F against an ideal 3 m T_F, so (p-1)/(3m) of the ideal and
     (p-1)/(3m + p - 1) of the step; the closed form needs m >= p. Other costs:
-    :func:`zb_h1_bubble_time`.
+    :func:`zb_h1_bubble_time`. ``"zb_h2"``: the same within one synchronous step
+    (see the module docstring for why).
+
+    ``"zb_v"`` and ``"dualpipe_v"`` at T_F = T_I = T_W: each rank idles half a
+    forward per stage before it starts and after it ends, (p-1) T_F / 2 against
+    an ideal 3 m T_F: (p-1)/(6m) of the ideal, (p-1)/(6m + p - 1) of the step.
+    ``"breadth_first"``: as ``"interleaved"`` with v = ``virtual_stages``.
     """
     p, m, v = _check(stages, micro_batches, schedule, virtual_stages)
     choice("relative_to", relative_to, RELATIVE_TO)
-    if schedule == "zb_h1":
+    if schedule in ("zb_h1", "zb_h2"):
         _zb_needs_enough_micro_batches(p, m)
         return (p - 1) / (3 * m) if relative_to == "ideal" else (p - 1) / (3 * m + p - 1)
+    if schedule in V_SHAPED:
+        build(schedule, p, m)  # names an m too small for the schedule
+        return (p - 1) / (6 * m) if relative_to == "ideal" else (p - 1) / (6 * m + p - 1)
+    if schedule == "breadth_first" and m < p:
+        raise ValueError(
+            f"the breadth-first closed form needs micro_batches >= stages (a chunk's round "
+            f"must outlast the trip around the ranks); got micro_batches={m}, stages={p}: "
+            "replay(schedule_ops(...)) gives the bubble"
+        )
     if relative_to == "ideal":
         return (p - 1) / (v * m)
     return (p - 1) / (v * m + p - 1)
@@ -95,13 +134,23 @@ def in_flight_micro_batches(
     * interleaved: min(m, p + (p-1)/v). Megatron-LM's first rank runs
       2(p-1) + (v-1)p warm-up forwards of chunks holding L/(pv) layers, one
       more before its first backward: (vp + p - 1) chunks, i.e. the factor
-      1 + (p-1)/(pv) of Korthikanti et al. 2022, Section 4.2.3.
+      1 + (p-1)/(pv) of Korthikanti et al. 2022, Section 4.2.3;
+    * ZB-H2: min(2p - 1, m), its 2p - 1 warm-up forwards (Qi et al. 2024, Section 3.1);
+    * ZB-V: p, as 1F1B: 2p chunks of L/(2p) layers (Qi et al. 2024, Section 6);
+    * DualPipeV: p + 1/2: 2p + 1 chunks of L/(2p) layers (the DeepSeek-V3
+      report's PP + 1 chunks, with chunks of half a stage);
+    * breadth-first: m, as GPipe (every forward before any backward).
     """
     p, m, v = _check(stages, micro_batches, schedule, virtual_stages)
-    if schedule == "gpipe":
+    if schedule in ("gpipe", "breadth_first"):
         return m
     if schedule in ("1f1b", "zb_h1"):
         return min(p, m)
+    if schedule == "zb_h2":
+        return min(2 * p - 1, m)
+    if schedule in V_SHAPED:
+        build(schedule, p, m)  # names an m too small for the schedule
+        return p if schedule == "zb_v" else p + 0.5
     return min(m * v, v * p + p - 1) / v
 
 
@@ -122,10 +171,40 @@ def zb_h1_bubble_time(
     return (p - 1) * (t_f + t_i - t_w)
 
 
+def zb_h2_bubble_time(
+    stages: int, *, forward_time: float, input_grad_time: float, weight_grad_time: float
+) -> float:
+    """ZB-H2's idle time per rank inside its own busy span, (p-1)(T_F + T_I - 2 T_W)
+    (Qi et al. 2024, Table 2 and Section 3.1, T_I being the paper's T_B), floored
+    at 0: the step's bubble when consecutive steps overlap (the paper's optimizer
+    post-validation); :attr:`~distlab.sim.pipeline_replay.Timeline.span_bubble_fraction`
+    measures it on a replay."""
+    p = positive_int("stages", stages)
+    t_f, t_i = positive("forward_time", forward_time), positive("input_grad_time", input_grad_time)
+    t_w = positive("weight_grad_time", weight_grad_time)
+    return max(0.0, (p - 1) * (t_f + t_i - 2 * t_w))
+
+
+def dualpipe_bubble_time(
+    stages: int, *, overlapped_time: float, backward_time: float, weight_grad_time: float
+) -> float:
+    """DualPipe's and DualPipeV's bubble per rank as the DeepSeek-V3 report (Table 2) and
+    its code's README count it: (PP/2 - 1)(F&B + B - 3W), PP the number of pipeline
+    stages, F&B (``overlapped_time``) one forward chunk overlapped with one backward
+    chunk, B a whole backward chunk, W its weight part. With F&B = F + B (no overlap,
+    as on this course's executor) and F = B/2 = W this is (PP/2 - 1) 2 F; the
+    report's sends leave in batches, one batch per phase; :func:`distlab.sim.pipeline_replay.replay`
+    sends each message as soon as it is made and finds a smaller bubble."""
+    pp = positive_int("stages", stages)
+    f_and_b = positive("overlapped_time", overlapped_time)
+    b, w = positive("backward_time", backward_time), positive("weight_grad_time", weight_grad_time)
+    return (pp / 2 - 1) * (f_and_b + b - 3 * w)
+
+
 def _zb_needs_enough_micro_batches(p: int, m: int) -> None:
     if m < p:
         raise ValueError(
-            f"ZB-H1's closed form needs micro_batches >= stages (Qi et al. 2024 assume m >= p); "
+            f"ZB-H1's and ZB-H2's closed form needs micro_batches >= stages (Qi et al. 2024 assume m >= p); "
             f"got micro_batches={m}, stages={p}: replay(schedule_ops(...)) gives the bubble"
         )
 
@@ -145,8 +224,10 @@ __all__ = [
     "Schedule",
     "Timeline",
     "bubble_fraction",
+    "dualpipe_bubble_time",
     "in_flight_micro_batches",
     "replay",
     "schedule_ops",
     "zb_h1_bubble_time",
+    "zb_h2_bubble_time",
 ]

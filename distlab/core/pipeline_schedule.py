@@ -304,6 +304,217 @@ def zb_h1(stages: int, micro_batches: int) -> Schedule:
     return Schedule(tuple(ranks), 1, "zb_h1")
 
 
+def zb_h2(stages: int, micro_batches: int) -> Schedule:
+    """ZB-H2 (Qi et al. 2024, Section 3.1): ZB-H1 with more warm-up forwards, so that
+    no rank waits for its first input gradient.
+
+    Rank r runs min(2(p - r) - 1, m) warm-up forwards: the first input
+    gradient reaches it 2(p - r) - 1 slots after its first forward when
+    T_F = T_I = T_W. Then, for each micro-batch k in order, the input
+    gradient I of k, followed by the next forward while forwards remain and
+    by the oldest pending weight pass W once they do; the W's left over
+    close the step. Each rank is busy from its first action to its last (a
+    parallelogram, not 1F1B's trapezoid): the paper's bubble
+    (p-1)(T_F + T_I - 2 T_W) is zero at equal costs once consecutive steps
+    overlap (its optimizer post-validation, Section 4); within one
+    synchronous step rank r still waits r slots to start and finishes
+    p - 1 - r slots before the last rank. The price: the first rank holds
+    2p - 1 micro-batches' activations, not p.
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    ranks = []
+    for r in range(p):
+        warmup = min(2 * (p - r) - 1, m)
+        row = [Action(0, "F", i) for i in range(warmup)]
+        next_w = 0
+        for k in range(m):
+            row.append(Action(0, "I", k))
+            if warmup + k < m:
+                row.append(Action(0, "F", warmup + k))
+            else:
+                row.append(Action(0, "W", next_w))
+                next_w += 1
+        row += [Action(0, "W", i) for i in range(next_w, m)]
+        ranks.append(tuple(row))
+    return Schedule(tuple(ranks), 1, "zb_h2")
+
+
+def zb_v(stages: int, micro_batches: int) -> Schedule:
+    """ZB-V (Qi et al. 2024, Section 6): two chunks per rank in a V, the backward
+    split into I and W, zero bubble at 1F1B's activation memory when T_F = T_I = T_W.
+
+    Rank r holds virtual stages r (chunk 0, on the way down) and 2p - 1 - r
+    (chunk 1, on the way back up), so rank 0 runs both the first and the
+    last stage and rank p - 1 turns the V with no message. Rank r's order:
+
+    1. 2(p - r) - 1 forwards of chunk 0 (the way down fills);
+    2. r pairs: a forward of chunk 1, a forward of chunk 0;
+    3. p - r triples on chunk 1: forward, I, W (the first gradients start up);
+    4. steady, while forwards remain: chunk 0 forward, I, W, then chunk 1
+       forward, I, W;
+    5. cool-down: r pairs of I's (chunk 0, then chunk 1), then the chunk 0
+       I's left each followed by one of its W's, then every W left.
+
+    Rank 0 holds at most 2p chunk activations of L/(2p) layers each: p
+    micro-batches' worth of its layers, as 1F1B. Needs m >= 2p - 1 (the
+    first rank's warm-up alone runs 2p - 1 forwards).
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    if m < 2 * p - 1:
+        raise ValueError(
+            f"ZB-V needs micro_batches >= 2 * stages - 1 = {2 * p - 1} (the first rank warms "
+            f"up with that many forwards); got micro_batches={m}, stages={p}"
+        )
+    ranks = [_zb_v_rank(p, m, r) for r in range(p)]
+    return Schedule(
+        tuple(ranks), 2, "zb_v", micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v")
+    )
+
+
+def _zb_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
+    """Rank r's actions of :func:`zb_v`; counters per chunk keep micro-batches in order."""
+    row: list[Action] = []
+    nxt = {(c, kind): 0 for c in (0, 1) for kind in ("F", "I", "W")}
+
+    def do(chunk: int, *kinds: str) -> None:
+        for kind in kinds:
+            row.append(Action(chunk, kind, nxt[(chunk, kind)]))
+            nxt[(chunk, kind)] += 1
+
+    for _ in range(2 * (p - r) - 1):
+        do(0, "F")
+    for _ in range(r):
+        do(1, "F")
+        do(0, "F")
+    for _ in range(p - r):
+        do(1, "F", "I", "W")
+    while nxt[(0, "F")] < m or nxt[(1, "F")] < m:
+        if nxt[(0, "F")] < m:
+            do(0, "F")
+        do(0, "I", "W")
+        do(1, "F", "I", "W")
+    for _ in range(r):
+        do(0, "I")
+        do(1, "I")
+    while nxt[(0, "I")] < m:
+        do(0, "I", "W")
+    while nxt[(1, "W")] < m:
+        do(1, "W")
+    while nxt[(0, "W")] < m:
+        do(0, "W")
+    return tuple(row)
+
+
+def dualpipe_v(stages: int, micro_batches: int) -> Schedule:
+    """DualPipeV (DeepSeek-AI 2024, DeepSeek-V3 report Section 3.2.1; the "V" variant
+    of its open-source DualPipe): DualPipe cut in half and folded into a V, so
+    each rank keeps one copy of the weights.
+
+    Same stage mapping as :func:`zb_v` (rank r: stages r and 2p - 1 - r).
+    Rank r's order, in eight phases (B is a whole backward; an I whose W is
+    "held" pushes that W onto a queue, and each W takes the oldest):
+
+    1. 2(p - r - 1) forwards of chunk 0;
+    2. r + 1 pairs: forward chunk 0, forward chunk 1;
+    3. p - r - 1 triples on chunk 1: I (W held), W, forward;
+    4. m - 2p + r + 1 quadruples: forward chunk 0, B chunk 1, forward chunk 1,
+       B chunk 0: the steady state, where DeepSeek overlaps each forward with
+       the other direction's backward (here they run one after the other);
+    5. p - r - 1 triples: B chunk 1, forward chunk 1, B chunk 0;
+    6. r + 1 pairs: backward chunk 1, backward chunk 0; from the middle pair
+       on, the backwards are I's with their W held;
+    7. p - r - 1 pairs: a held W, then I of chunk 0 (W held);
+    8. the r + 1 held W's left.
+
+    Needs m >= 2p. Activations: rank 0 holds at most 2p + 1 chunks, that is
+    p + 1/2 micro-batches of its layers (the report's PP + 1 chunks of half size).
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    if m < 2 * p:
+        raise ValueError(
+            f"DualPipeV needs micro_batches >= 2 * stages = {2 * p}; "
+            f"got micro_batches={m}, stages={p}"
+        )
+    ranks = [_dualpipe_v_rank(p, m, r) for r in range(p)]
+    return Schedule(
+        tuple(ranks), 2, "dualpipe_v", micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v")
+    )
+
+
+def _dualpipe_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
+    """Rank r's actions of :func:`dualpipe_v`."""
+    row: list[Action] = []
+    nxt = {(c, kind): 0 for c in (0, 1) for kind in ("F", "B")}
+    held: list[Action] = []  # W's owed, oldest first
+
+    def forward(chunk: int) -> None:
+        row.append(Action(chunk, "F", nxt[(chunk, "F")]))
+        nxt[(chunk, "F")] += 1
+
+    def backward(chunk: int, hold_w: bool = False) -> None:
+        i = nxt[(chunk, "B")]
+        nxt[(chunk, "B")] += 1
+        if hold_w:
+            row.append(Action(chunk, "I", i))
+            held.append(Action(chunk, "W", i))
+        else:
+            row.append(Action(chunk, "B", i))
+
+    def weight() -> None:
+        row.append(held.pop(0))
+
+    for _ in range(2 * (p - r - 1)):
+        forward(0)
+    for _ in range(r + 1):
+        forward(0)
+        forward(1)
+    for _ in range(p - r - 1):
+        backward(1, hold_w=True)
+        weight()
+        forward(1)
+    for _ in range(m - 2 * p + r + 1):
+        forward(0)
+        backward(1)
+        forward(1)
+        backward(0)
+    for _ in range(p - r - 1):
+        backward(1)
+        forward(1)
+        backward(0)
+    pairs, hold = r + 1, False
+    for i in range(pairs):
+        hold = hold or (i == pairs // 2 and r % 2 == 1)
+        backward(1, hold)
+        hold = hold or (i == pairs // 2 and r % 2 == 0)
+        backward(0, hold)
+    for _ in range(p - r - 1):
+        weight()
+        backward(0, hold_w=True)
+    while held:
+        weight()
+    return tuple(row)
+
+
+def breadth_first(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
+    """Breadth-first looping (Lamy-Poirier 2023, "Breadth-First Pipeline
+    Parallelism"; torch's ``ScheduleLoopedBFS``): v = ``chunks`` per rank, loop
+    placement as :func:`interleaved`, but every micro-batch goes through a chunk
+    before any goes on to the next: all m forwards of chunk 0, then of chunk
+    1, ..., then the backwards, last chunk first.
+
+    Same bubble as the depth-first interleaved schedule, (p-1)/(v m + p - 1) of
+    the step (m >= p), but GPipe's memory: all m micro-batches in flight. What
+    it buys: each chunk's weights are used for m micro-batches in a row, so a
+    sharded data-parallel run (ZeRO-3/FSDP) gathers them once per step and
+    direction instead of once per group of p micro-batches.
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    v = positive_int("chunks", chunks)
+    row = [Action(c, "F", i) for c in range(v) for i in range(m)]
+    row += [Action(c, "B", i) for c in reversed(range(v)) for i in range(m)]
+    return Schedule(tuple(tuple(row) for _ in range(p)), v, "breadth_first")
+
+
 def _warmup_then_alternate(warmup: int, total: int, make: Callable) -> tuple[Action, ...]:
     """``warmup`` forwards, then (forward, backward) pairs, then the remaining backwards."""
     row = [make(k, "F") for k in range(warmup)]
@@ -313,17 +524,48 @@ def _warmup_then_alternate(warmup: int, total: int, make: Callable) -> tuple[Act
     return tuple(row)
 
 
-GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb_h1": zb_h1}
+GENERATORS = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved": interleaved,
+    "zb_h1": zb_h1,
+    "zb_h2": zb_h2,
+    "zb_v": zb_v,
+    "dualpipe_v": dualpipe_v,
+    "breadth_first": breadth_first,
+}
+LOOPING = ("interleaved", "breadth_first")
+"""Schedules that take ``chunks`` (v model chunks per rank, loop placement)."""
+V_SHAPED = ("zb_v", "dualpipe_v")
+"""Schedules with two chunks per rank in a V (:func:`stage_to_rank` ``"v"``)."""
+
+
+def chunks_of(name: str, chunks: int = 1) -> int:
+    """How many model chunks each rank holds in schedule ``name`` built with
+    ``chunks``: ``chunks`` itself for a looping schedule, always 2 for a V-shaped
+    one (``chunks`` 1, the default, or 2), else 1. ``ValueError`` names a
+    ``chunks`` the schedule cannot take."""
+    if name not in GENERATORS:
+        raise ValueError(f"unknown schedule {name!r}; allowed: {', '.join(map(repr, GENERATORS))}")
+    chunks = positive_int("chunks", chunks)
+    if name in LOOPING:
+        return chunks
+    if name in V_SHAPED and chunks in (1, 2):
+        return 2
+    if chunks != 1:
+        raise ValueError(
+            f"chunks={chunks} needs schedule 'interleaved' or 'breadth_first' (got {name!r}); "
+            f"the V-shaped {', '.join(V_SHAPED)} always have 2 chunks, the others 1"
+        )
+    return 1
 
 
 def build(name: str, stages: int, micro_batches: int, *, chunks: int = 1) -> Schedule:
-    """``build("interleaved", 4, 8, chunks=2)``: the schedule called ``name`` (see GENERATORS)."""
-    if name not in GENERATORS:
-        raise ValueError(f"unknown schedule {name!r}; allowed: {', '.join(map(repr, GENERATORS))}")
-    if name == "interleaved":
-        return interleaved(stages, micro_batches, chunks)
-    if chunks != 1:
-        raise ValueError(f"chunks={chunks} needs schedule 'interleaved' (got {name!r})")
+    """``build("interleaved", 4, 8, chunks=2)``: the schedule called ``name`` (see
+    GENERATORS), with :func:`chunks_of` ``(name, chunks)`` chunks per rank."""
+    v = chunks_of(name, chunks)
+    if name in LOOPING:
+        return GENERATORS[name](stages, micro_batches, v)
     return GENERATORS[name](stages, micro_batches)
 
 

@@ -2,12 +2,12 @@
 
 ==============  =============================================================
 ``schedule``    the schedule type and generators (GPipe, 1F1B, interleaved,
-                ZB-H1), the checker and the replay; defined, torch-free, in
+                breadth-first, ZB-H1, ZB-H2, ZB-V, DualPipeV), the checker and the replay; defined, torch-free, in
                 :mod:`distlab.core.pipeline_schedule` and
                 :mod:`distlab.sim.pipeline_replay`, re-exported here
 ``partition``   the tiny GPT as a list of layers; balanced cuts by parameter
                 count or measured time
-``stage``       :class:`PipelineStage`: one rank's model chunks
+``stage``       :class:`PipelineStage`: one rank's model chunks (loop or V)
 ``executor``    :func:`run_pipeline`: one rank walks its actions, sending
                 activations and gradients point-to-point
 ``torch_``      :func:`to_torch`/:func:`from_torch`: schedules to and from
@@ -28,13 +28,17 @@ from __future__ import annotations
 from distlab.core.pipeline_schedule import (
     Action,
     Schedule,
+    breadth_first,
     build,
+    dualpipe_v,
     gpipe,
     interleaved,
     one_f_one_b,
     stage_to_rank,
     with_communication,
     zb_h1,
+    zb_h2,
+    zb_v,
 )
 from distlab.sim.pipeline_replay import ScheduleError, Timeline, check, replay
 
@@ -52,8 +56,10 @@ __all__ = [
     "ScheduleError",
     "Timeline",
     "balanced_split",
+    "breadth_first",
     "build",
     "check",
+    "dualpipe_v",
     "from_torch",
     "gpipe",
     "gpt_layers",
@@ -73,4 +79,6 @@ __all__ = [
     "with_communication",
     "write_csv",
     "zb_h1",
+    "zb_h2",
+    "zb_v",
 ]

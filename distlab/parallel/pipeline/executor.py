@@ -102,14 +102,13 @@ def run_pipeline(
 
     ``stage_ranks``: the global ranks of the pipeline's stages, in stage order
     (``mesh.ranks("pp")`` in a 3D job); the default is the whole job, stage r
-    on rank r. ``stage.rank`` is this rank's index in that list."""
+    on rank r. ``stage.rank`` is this rank's index in that list.
+
+    Any ``stage_to_rank`` runs (loop or V): the stage must hold the virtual
+    stages the schedule gives its rank, the loss is on the rank that holds the
+    last one (rank 0 for a V), and two neighbouring stages on the same rank
+    (the turn of a V) hand their tensor over in memory, with no message."""
     check(schedule)  # raises ScheduleError naming the rank and action
-    if schedule.placement != "loop":
-        raise ValueError(
-            f"the executor cuts stages loop-around (chunk c of rank r is stage c p + r); "
-            f"this schedule's stage_to_rank is {schedule.stage_to_rank} ({schedule.placement}), "
-            "which check and replay handle but run_pipeline does not"
-        )
     m = schedule.micro_batches
     if inputs.shape[0] % m or inputs.shape[0] < m:
         raise ValueError(f"batch of {inputs.shape[0]} cannot be cut into m={m} equal micro-batches")
@@ -129,6 +128,14 @@ def run_pipeline(
             f"the pipeline {len(peers)} ranks {peers}, this rank is stage {rank}, "
             f"the stage says stage {stage.rank} of {stage.stages} with {stage.num_chunks} "
             "chunks; cut the model for the schedule's number of stages"
+        )
+    held = tuple(stage.virtual_stage(c) for c in range(stage.num_chunks))
+    wanted = tuple(schedule.virtual_stage(rank, c) for c in range(schedule.chunks))
+    if held != wanted:
+        raise ValueError(
+            f"rank {me}: the schedule ({schedule.placement} placement) gives this rank virtual "
+            f"stages {wanted}, the stage holds {held}; cut the model with "
+            f"gpt_stage(..., placement={schedule.placement!r})"
         )
     _agree(schedule, inputs, targets, peers, rank, stage)
     # each micro-batch a copy of its own, so the bytes autograd saves for it are its own
@@ -245,10 +252,28 @@ class _Runner:
         return tensor
 
     # -- actions ----------------------------------------------------------------
+    def _local(self, a: Action, j: int) -> bool:
+        """Hand a tensor to a neighbouring stage on this same rank (the turn of a V):
+        a send stores it where that stage's receive will find it, the receive does
+        nothing. True if ``a`` is such a message."""
+        peer = j + 1 if a.kind in ("SF", "RB") else j - 1
+        if self.schedule.rank_of(peer) != self.stage.rank:
+            return False
+        if a.kind in ("SF", "SB"):
+            chunk = self.schedule.chunk_of(peer)
+            if a.kind == "SF":
+                tensor, key = self.stash[(a.chunk, a.micro_batch)][1], "act"
+            else:
+                tensor, key = self.received.pop(("input_grad", a.chunk, a.micro_batch)), "grad"
+            self.received[(key, chunk, a.micro_batch)] = tensor.detach().clone()
+        return True
+
     def do(self, a: Action) -> None:
         c, i = a.chunk, a.micro_batch
         j = self.stage.virtual_stage(c)
-        if a.kind == "RF":
+        if a.kind in ("SF", "RF", "SB", "RB") and self._local(a, j):
+            pass
+        elif a.kind == "RF":
             self.received[("act", c, i)] = self._recv(j - 1, self._tag("act", j - 1, i))
         elif a.kind == "RB":
             self.received[("grad", c, i)] = self._recv(j + 1, self._tag("grad", j + 1, i))
@@ -338,7 +363,7 @@ class _Runner:
         return RankRun(
             self.stage.rank,
             self.entries,
-            self.loss if self.stage.is_last(self.v - 1) else None,
+            self.loss if any(self.stage.is_last(c) for c in range(self.v)) else None,
             self.peaks[0],
             self.peaks[1],
             self.peaks[2],

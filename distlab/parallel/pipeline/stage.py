@@ -1,8 +1,11 @@
 """What one rank holds in a pipeline: its model chunks, and which one is first or last.
 
 Chunk c of rank r is virtual stage j = c p + r (one chunk per rank unless the
-schedule is interleaved). The first virtual stage reads the input tokens,
-the last one computes the loss. :func:`gpt_stage` cuts the tiny GPT of
+schedule is interleaved), or, with the V-shaped placement of ZB-V and
+DualPipeV, stage r (chunk 0) and 2p - 1 - r (chunk 1): the schedule's
+``stage_to_rank`` (:func:`distlab.core.pipeline_schedule.stage_to_rank`).
+The first virtual stage reads the input tokens, the last one computes the
+loss; with the V both are on rank 0. :func:`gpt_stage` cuts the tiny GPT of
 :mod:`distlab.models` with :func:`~distlab.parallel.pipeline.partition.balanced_split`.
 
 A GPT with tied embeddings uses one weight in its first layer (token
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distlab.core.checks import int_in, positive_int
+from distlab.core.pipeline_schedule import stage_to_rank
 from distlab.models import GPT
 
 from .partition import balanced_split, gpt_layers, measured_costs, parameter_costs
@@ -36,7 +40,10 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 @dataclass
 class PipelineStage:
-    """Rank ``rank``'s chunks of a model cut into ``stages * num_chunks`` virtual stages."""
+    """Rank ``rank``'s chunks of a model cut into ``stages * num_chunks`` virtual stages.
+
+    ``stage_ids[c]``: the virtual stage chunk c runs; ``None`` means the loop
+    placement, c p + r."""
 
     rank: int
     stages: int
@@ -44,12 +51,15 @@ class PipelineStage:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss
     tied: list[nn.Parameter] = field(default_factory=list)
     tied_peer: int | None = None
+    stage_ids: tuple[int, ...] | None = None
 
     @property
     def num_chunks(self) -> int:
         return len(self.chunks)
 
     def virtual_stage(self, chunk: int) -> int:
+        if self.stage_ids is not None:
+            return self.stage_ids[chunk]
         return chunk * self.stages + self.rank
 
     def is_first(self, chunk: int) -> bool:
@@ -75,6 +85,7 @@ def gpt_stage(
     chunks: int = 1,
     balance: str | Sequence[range] = "params",
     sample: torch.Tensor | None = None,
+    placement: str = "loop",
 ) -> PipelineStage:
     """Rank ``rank``'s part of ``model``, cut into ``stages * chunks`` virtual stages.
 
@@ -83,6 +94,8 @@ def gpt_stage(
     rank only if the timings agree: pass the cut to every rank instead when
     in doubt), or the cut itself, a list of ``range`` s of layer indices
     (:func:`~distlab.parallel.pipeline.partition.gpt_layers` order).
+    ``placement``: ``"loop"`` or ``"v"`` (ZB-V, DualPipeV: rank r holds stages r
+    and 2p - 1 - r), as :func:`~distlab.core.pipeline_schedule.stage_to_rank`.
     """
     stages, chunks = positive_int("stages", stages), positive_int("chunks", chunks)
     rank = int_in("rank (the stage)", rank, 0, stages - 1)
@@ -103,8 +116,11 @@ def gpt_stage(
                 f"balance must cut layers 0..{len(layers) - 1} in order into {parts} ranges, "
                 f"got {cut}"
             )
-    mine = {c: nn.Sequential(*(layers[i] for i in cut[c * stages + rank])) for c in range(chunks)}
+    owner = stage_to_rank(stages, chunks, placement)
+    ids = tuple(j for j, r in enumerate(owner) if r == rank)
+    mine = {c: nn.Sequential(*(layers[i] for i in cut[j])) for c, j in enumerate(ids)}
     tied, peer = [], None
-    if model.head.weight is model.tok.weight and stages > 1 and rank in (0, stages - 1):
-        tied, peer = [model.tok.weight], stages - 1 - rank
-    return PipelineStage(rank, stages, mine, tied=tied, tied_peer=peer)
+    first, last = owner[0], owner[-1]
+    if model.head.weight is model.tok.weight and first != last and rank in (first, last):
+        tied, peer = [model.tok.weight], first + last - rank
+    return PipelineStage(rank, stages, mine, tied=tied, tied_peer=peer, stage_ids=ids)
