@@ -17,6 +17,7 @@ module                 what it draws
 ``calc_plots``         memory per ZeRO stage, pipeline bubble vs micro-batches, a
                        pipeline schedule as a Gantt chart
 ``overlap_plots``      DDP's gradient communication overlapped with backward, step times
+``tp_overlap_plots``   the collective matmul: serial and overlapped timelines per rank
 ``placement_plots``    a placement on the cluster grid, communication per placement,
                        a scheduler's timeline and waits
 =====================  ==============================================================

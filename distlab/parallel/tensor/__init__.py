@@ -7,6 +7,8 @@
 ``model``       :class:`ParallelGPT`, the tiny GPT sharded
 ``checks``      bad input found on every rank before any collective
 ``activations`` measured saved-for-backward bytes (saved-tensor hooks)
+``overlap``     the collective matmul: all-gather (or reduce-scatter) pipelined
+                with the matmul in chunks, timelines and exposed communication
 ==============  ==============================================================
 
 Sequence parallelism is :mod:`distlab.parallel.tensor.sequence`, context
