@@ -19,6 +19,14 @@ each f/g pair becomes an all-gather and a reduce-scatter.
 Each parallel module is made with ``from_dense(module, comm)``: the rank's
 shard of the dense module's weights, so tests compare against the dense
 module directly. Parameter names are the dense ones (``attn.q.weight``...).
+
+Dropout: with ``rng=`` an :class:`~distlab.parallel.tensor.rng.RNGTracker`,
+the masks of sharded activations (attention probabilities; with sequence
+parallelism also the residual branches' s/t tokens) come from each rank's
+own tracked stream, and those of replicated activations from the default
+stream, seeded alike on every rank. Without one every dropout draws from the
+default stream: the same mask for every rank's heads
+(:mod:`distlab.parallel.tensor.rng` shows why that is wrong).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from distlab.models import CausalSelfAttention, FeedForward, GPTBlock, dropout
 from . import sequence as sp
 from .checks import check_divisible
 from .ops import TensorParallelComm, copy_to_tp, reduce_from_tp
+from .rng import RNGTracker, parallel_region
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -92,9 +101,17 @@ class RowParallelLinear(nn.Module):
 class ParallelMLP(nn.Module):
     """fc1 column-parallel, GeLU, fc2 row-parallel: one all-reduce forward, one backward."""
 
-    def __init__(self, dense: FeedForward, comm: TensorParallelComm, *, sequence_parallel=False):
+    def __init__(
+        self,
+        dense: FeedForward,
+        comm: TensorParallelComm,
+        *,
+        sequence_parallel=False,
+        rng: RNGTracker | None = None,
+    ):
         super().__init__()
         self.comm, self.sequence_parallel, self.dropout = comm, sequence_parallel, dense.dropout
+        self.rng = rng
         self.fc1 = ColumnParallelLinear(dense.fc1, comm, name="mlp.fc1")
         self.fc2 = RowParallelLinear(
             dense.fc2, comm, sequence_parallel=sequence_parallel, name="mlp.fc2"
@@ -105,7 +122,9 @@ class ParallelMLP(nn.Module):
             (hidden,) = sp.linears_on_gathered_sequence(x, [self.fc1], self.comm, "mlp in")
         else:
             hidden = self.fc1(copy_to_tp(x, self.comm, "mlp in"))
-        return dropout(self.fc2(F.gelu(hidden)), self.dropout, self.training)
+        out = self.fc2(F.gelu(hidden))
+        with parallel_region(self.rng if self.sequence_parallel else None):
+            return dropout(out, self.dropout, self.training)
 
 
 class ParallelSelfAttention(nn.Module):
@@ -115,7 +134,9 @@ class ParallelSelfAttention(nn.Module):
     ``recompute_attention=True`` is Korthikanti et al.'s selective activation
     recomputation (Section 5): the attention core (QK^T, softmax, dropout,
     attention over V) keeps only Q, K, V and is recomputed in backward, which
-    drops the 5as^2b/t bytes of scores, probabilities and dropout mask."""
+    drops the 5as^2b/t bytes of scores, probabilities and dropout mask.
+    ``rng``: see the module docstring (the fork wraps the checkpoint, so the
+    recomputed mask is the forward's)."""
 
     def __init__(
         self,
@@ -124,9 +145,10 @@ class ParallelSelfAttention(nn.Module):
         *,
         sequence_parallel=False,
         recompute_attention=False,
+        rng: RNGTracker | None = None,
     ):
         super().__init__()
-        self.comm, self.sequence_parallel = comm, sequence_parallel
+        self.comm, self.sequence_parallel, self.rng = comm, sequence_parallel, rng
         self.recompute_attention = recompute_attention
         self.heads = check_divisible("heads", dense.heads, comm.world_size)
         self.head_dim, self.dropout = dense.head_dim, dense.dropout
@@ -149,11 +171,14 @@ class ParallelSelfAttention(nn.Module):
             x = copy_to_tp(x, self.comm, "attn in")
             qkv = self.q(x), self.k(x), self.v(x)
         q, k, v = (self._split(t) for t in qkv)
-        if self.recompute_attention:
-            out = checkpoint(self._core, q, k, v, use_reentrant=True)
-        else:
-            out = self._core(q, k, v)
-        return dropout(self.proj(out), self.dropout, self.training)
+        with parallel_region(self.rng):
+            if self.recompute_attention:
+                out = checkpoint(self._core, q, k, v, use_reentrant=True)
+            else:
+                out = self._core(q, k, v)
+        out = self.proj(out)
+        with parallel_region(self.rng if self.sequence_parallel else None):
+            return dropout(out, self.dropout, self.training)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, _, s, _ = q.shape
@@ -168,7 +193,8 @@ class ParallelBlock(nn.Module):
 
     Input and output are the whole ``(b, s, h)`` on every rank, or with
     ``sequence_parallel=True`` this rank's ``(b, s/t, h)`` slice of the sequence.
-    ``recompute_attention``: see :class:`ParallelSelfAttention`.
+    ``recompute_attention``: see :class:`ParallelSelfAttention`; ``rng``: see the
+    module docstring.
     """
 
     def __init__(
@@ -178,6 +204,7 @@ class ParallelBlock(nn.Module):
         *,
         sequence_parallel=False,
         recompute_attention=False,
+        rng: RNGTracker | None = None,
     ):
         super().__init__()
         self.comm, self.sequence_parallel = comm, sequence_parallel
@@ -187,9 +214,10 @@ class ParallelBlock(nn.Module):
             comm,
             sequence_parallel=sequence_parallel,
             recompute_attention=recompute_attention,
+            rng=rng,
         )
         self.ln2 = copy.deepcopy(dense.ln2)
-        self.mlp = ParallelMLP(dense.mlp, comm, sequence_parallel=sequence_parallel)
+        self.mlp = ParallelMLP(dense.mlp, comm, sequence_parallel=sequence_parallel, rng=rng)
         if sequence_parallel:
             sp.mark_sequence_parallel(self.ln1)
             sp.mark_sequence_parallel(self.ln2)
