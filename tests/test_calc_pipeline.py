@@ -6,13 +6,15 @@ import pytest
 
 from distlab.calc.pipeline import (
     bubble_fraction,
+    dualpipe_bubble_time,
     in_flight_micro_batches,
     replay,
     schedule_ops,
     zb_h1_bubble_time,
+    zb_h2_bubble_time,
 )
-from distlab.sim.pipeline_replay import ScheduleError
 from distlab.core.pipeline_schedule import Schedule
+from distlab.sim.pipeline_replay import ScheduleError
 
 
 def test_published_formulas():
@@ -155,5 +157,56 @@ def test_replay_detects_deadlock():
     ],
 )
 def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+NEW = [("zb_h2", 1), ("zb_v", 2), ("dualpipe_v", 2), ("breadth_first", 2), ("breadth_first", 3)]
+
+
+@pytest.mark.parametrize(("name", "v"), NEW)
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (2, 8), (3, 6), (4, 8), (4, 12), (8, 16)])
+def test_new_schedules_replay_to_their_closed_forms(name, v, p, m):
+    """At F = I = W (backward 2 units, half of it W) each schedule's replayed bubble and
+    first-rank peak equal :func:`bubble_fraction` and :func:`in_flight_micro_batches`."""
+    plan = schedule_ops(p, m, schedule=name, virtual_stages=v)
+    timeline = replay(plan, forward_time=1.0, backward_time=2.0, weight_fraction=0.5)
+    assert timeline.bubble_fraction == pytest.approx(
+        bubble_fraction(p, m, schedule=name, virtual_stages=v)
+    )
+    assert timeline.bubble_over_ideal == pytest.approx(
+        bubble_fraction(p, m, schedule=name, virtual_stages=v, relative_to="ideal")
+    )
+    held = timeline.peak_in_flight[0] / plan.chunks
+    assert held == in_flight_micro_batches(p, m, schedule=name, virtual_stages=v)
+
+
+def test_new_formulas_by_hand():
+    # ZB-H2 holds 2p - 1 micro-batches; ZB-V p, as 1F1B; DualPipeV p + 1/2; breadth-first m
+    assert in_flight_micro_batches(4, 8, schedule="zb_h2") == 7
+    assert in_flight_micro_batches(4, 8, schedule="zb_v") == 4
+    assert in_flight_micro_batches(4, 8, schedule="dualpipe_v") == 4.5
+    assert in_flight_micro_batches(4, 8, schedule="breadth_first", virtual_stages=2) == 8
+    # the V halves ZB-H1's synchronous bubble: (p-1)/(6m + p - 1) against (p-1)/(3m + p - 1)
+    assert bubble_fraction(4, 8, schedule="zb_v") == 3 / 51
+    assert bubble_fraction(4, 8, schedule="zb_h2") == bubble_fraction(4, 8, schedule="zb_h1")
+    assert bubble_fraction(4, 8, schedule="breadth_first", virtual_stages=2) == 3 / 19
+    # Qi et al. Table 2: ZB-H2 (p-1)(T_F + T_B - 2 T_W), zero at equal costs
+    assert zb_h2_bubble_time(4, forward_time=1, input_grad_time=1, weight_grad_time=1) == 0
+    assert zb_h2_bubble_time(4, forward_time=2, input_grad_time=2, weight_grad_time=1) == 6
+    # DeepSeek-V3 Table 2: (PP/2 - 1)(F&B + B - 3W); F&B = F + B, F = W = 1, B = 2
+    assert dualpipe_bubble_time(8, overlapped_time=3, backward_time=2, weight_grad_time=1) == 6
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: bubble_fraction(4, 6, schedule="zb_v"), r"micro_batches >= 2 \* stages - 1"),
+        (lambda: in_flight_micro_batches(4, 6, schedule="dualpipe_v"), r">= 2 \* stages = 8"),
+        (lambda: bubble_fraction(4, 8, schedule="zb_h2", virtual_stages=2), "looping schedule"),
+        (lambda: bubble_fraction(4, 2, schedule="breadth_first"), "needs micro_batches >= stages"),
+    ],
+)
+def test_new_schedules_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()

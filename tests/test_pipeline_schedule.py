@@ -9,9 +9,11 @@ import pytest
 
 from distlab.calc.pipeline import bubble_fraction
 from distlab.core.pipeline_schedule import (
+    GENERATORS,
     Action,
     Schedule,
     build,
+    chunks_of,
     interleaved,
     with_communication,
 )
@@ -19,7 +21,16 @@ from distlab.sim import Link, uniform_cluster
 from distlab.sim.pipeline import p2p_seconds, simulate_pipeline
 from distlab.sim.pipeline_replay import ScheduleError, check, replay
 
-ALL = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1)]
+ALL = [
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved", 2),
+    ("zb_h1", 1),
+    ("zb_h2", 1),
+    ("zb_v", 2),
+    ("dualpipe_v", 2),
+    ("breadth_first", 2),
+]
 
 
 def test_imports_without_torch():
@@ -34,9 +45,10 @@ def test_imports_without_torch():
 @pytest.mark.parametrize(("name", "v"), ALL)
 def test_text_form_round_trips(name, v):
     plan = build(name, 4, 8, chunks=v)
-    assert Schedule.parse(str(plan)) == plan
+    mapping = plan.stage_to_rank  # the text form has no mapping: V-shaped ones pass it
+    assert Schedule.parse(str(plan), stage_to_rank=mapping) == plan
     lowered = with_communication(plan)
-    assert Schedule.parse(str(lowered), chunks=v) == lowered
+    assert Schedule.parse(str(lowered), chunks=v, stage_to_rank=mapping) == lowered
 
 
 def test_text_form_reads_by_hand():
@@ -215,3 +227,60 @@ def test_declared_micro_batches_lets_check_name_an_out_of_range_action():
     ):
         check(s)
     assert build("1f1b", 2, 3).micro_batches == 3
+
+
+@pytest.mark.parametrize(("name", "v"), ALL)
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 6), (4, 8), (4, 16)])
+def test_every_generator_is_complete_and_deadlock_free(name, v, p, m):
+    plan = build(name, p, m, chunks=v)
+    timeline = check(plan)
+    assert plan.chunks == chunks_of(name, v) and plan.micro_batches == m
+    kinds = {a.kind for row in plan.ranks for a in row}
+    assert kinds <= {"F", "B", "I", "W"}
+    assert len(timeline.entries) == sum(len(row) for row in plan.ranks)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 6), (4, 8), (4, 12)])
+def test_zb_h2_ranks_never_wait_once_started(p, m):
+    """Qi et al.'s parallelogram: at F = I = W no rank idles between its first and last
+    action, so overlapping steps leave no bubble; rank r warms up with 2(p - r) - 1."""
+    timeline = replay(build("zb_h2", p, m), forward_time=1.0, backward_time=2.0)
+    assert timeline.span_bubble_fraction == 0
+    assert [start for start, _ in timeline.spans] == list(range(p))
+    assert timeline.peak_in_flight == tuple(min(2 * (p - r) - 1, m) for r in range(p))
+    zb_h1 = replay(build("zb_h1", p, m), forward_time=1.0, backward_time=2.0)
+    assert zb_h1.span_bubble_fraction > 0  # its first rank waits for the first gradient
+    assert timeline.makespan == zb_h1.makespan  # one synchronous step: the same
+
+
+@pytest.mark.parametrize("name", ["zb_v", "dualpipe_v"])
+def test_v_shaped_schedules_hold_two_chunks_in_a_v(name):
+    plan = build(name, 4, 8)
+    assert plan.placement == "v" and plan.chunks == 2
+    assert [plan.virtual_stage(r, 1) for r in range(4)] == [7, 6, 5, 4]
+    # the turn of the V (stages 3 and 4 on rank 3) needs no message: replay hands it over
+    lowered = with_communication(plan)
+    assert Action(0, "SF", 0) in lowered.ranks[3] and Action(1, "RF", 0) in lowered.ranks[3]
+    assert replay(lowered).makespan == replay(plan).makespan
+
+
+def test_new_schedules_name_what_they_cannot_do():
+    with pytest.raises(ValueError, match=r"ZB-V needs micro_batches >= 2 \* stages - 1 = 7"):
+        build("zb_v", 4, 6)
+    with pytest.raises(ValueError, match=r"DualPipeV needs micro_batches >= 2 \* stages = 8"):
+        build("dualpipe_v", 4, 7)
+    with pytest.raises(
+        ValueError, match="chunks=3 needs schedule 'interleaved' or 'breadth_first'"
+    ):
+        build("zb_v", 4, 8, chunks=3)
+    assert chunks_of("zb_v") == chunks_of("dualpipe_v", 2) == 2
+    assert chunks_of("breadth_first", 3) == 3 and chunks_of("zb_h2") == 1
+    with pytest.raises(ValueError, match="unknown schedule 'dualpipe'"):
+        chunks_of("dualpipe")
+
+
+def test_layout_accepts_every_generated_schedule():
+    from distlab.core.layout import Layout
+
+    for name in GENERATORS:
+        assert Layout(pp=4, schedule=name, micro_batches=8).pipeline_schedule == name

@@ -162,3 +162,30 @@ def test_from_torch_names_an_action_on_the_wrong_rank():
     order = to_torch(one_f_one_b(2, 2))
     with pytest.raises(ValueError, match=r"rank 0: action 0F0 runs stage 0, .* gives to rank 1"):
         from_torch(order, stage_to_rank={0: 1, 1: 0})
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8), (4, 12)])
+@pytest.mark.parametrize(
+    "name,torch_class", [("zb_v", "ScheduleZBVZeroBubble"), ("dualpipe_v", "ScheduleDualPipeV")]
+)
+def test_v_shaped_generators_agree_with_torch_rank_for_rank(name, torch_class, p, m):
+    """distlab writes ZB-V and DualPipeV from the papers' phases; torch's lists (its
+    overlapped forward-backward split into its two actions) are the same."""
+    ours = build(name, p, m)
+    theirs = from_torch(torch_schedule(torch_class, p, m, 2), micro_batches=m)
+    assert theirs.stage_to_rank == ours.stage_to_rank == stage_to_rank(p, 2, "v")
+    compute = tuple(tuple(a for a in row if a.kind in "FBIW") for row in theirs.ranks)
+    assert compute == ours.ranks
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
+def test_breadth_first_agrees_with_torch_up_to_the_backward_order(p, m):
+    """torch's LoopedBFS runs each chunk's backwards last micro-batch first; distlab's in
+    micro-batch order (as GPipe). Same forwards, same makespan, same memory."""
+    ours = build("breadth_first", p, m, chunks=2)
+    theirs = from_torch(torch_schedule("ScheduleLoopedBFS", p, m, 2), micro_batches=m)
+    for mine, torchs in zip(ours.ranks, theirs.ranks):
+        assert mine[: 2 * m] == torchs[: 2 * m]
+        assert sorted(mine[2 * m :]) == sorted(torchs[2 * m :])
+    assert replay(ours).makespan == replay(theirs).makespan
+    assert check(ours).peak_in_flight == check(theirs).peak_in_flight
