@@ -41,7 +41,8 @@ def plot_overlap_timelines(
     for ax, timelines, name in zip(axes, (serial, overlapped), names, strict=True):
         _draw(ax, timelines, name)
     axes[-1].set_xlabel("time since the first rank started (ms)")
-    axes[0].legend(loc="upper right", fontsize="small", frameon=False, ncols=2)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2,
+               fontsize="small", frameon=False)  # fmt: skip
     return fig
 
 
