@@ -31,6 +31,13 @@ def test_layer_time_uses_the_library_volume_and_flops():
     assert step.compute_s == pytest.approx(step.flops / 1e15)
 
 
+def test_closed_form_constants_come_from_the_library_volumes():
+    # four all-reduces of h e bytes per token, 2 (t-1)/t each: 8 h e without (t-1)/t
+    assert r.tp_bytes_per_token(8192, bytes_per_element=2) == 8 * 8192 * 2
+    # FSDP: two all-gathers and a reduce-scatter of e bytes per parameter: 3 e
+    assert r.fsdp_bytes_per_param(bytes_per_element=4) == 3 * 4
+
+
 def test_max_useful_tp_is_where_compute_stops_covering_communication():
     kwargs = {"link": NVLINK4, "peak_flops": r.H100_PEAK_FLOPS}
     t = r.max_useful_tp(GPT, **kwargs)
@@ -109,7 +116,8 @@ def test_tp_lowers_fsdp_communication_only_below_the_batch_bound():
 def test_best_split_is_the_divisor_nearest_the_optimum():
     tokens = 1024
     best = r.best_tp_fsdp_split(GPT, n_gpus=4096, tokens_per_gpu=tokens)
-    optimum = r.optimal_tp(GPT, tokens_per_gpu=tokens)  # sqrt(3P / (8 b h)) ~ 6.1
+    optimum = r.optimal_tp(GPT, tokens_per_gpu=tokens)
+    assert optimum == pytest.approx(math.sqrt(3 * GPT.params_per_layer / (8 * tokens * 8192)))
     assert best.tp in (2 ** math.floor(math.log2(optimum)), 2 ** math.ceil(math.log2(optimum)))
     every = [r.tp_fsdp_comm(GPT, n_gpus=4096, tp=t, tokens_per_gpu=tokens) for t in (1, 2, 4, 8)]
     assert best.total <= min(s.total for s in every)

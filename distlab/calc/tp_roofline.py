@@ -18,6 +18,9 @@ an efficiency); W the link's bytes/s in one direction, alpha its latency.
   messages: ``t_m = 8 (t-1) alpha + 8 (t-1)/t T h e / W``. Sequence parallelism's
   all-gather + reduce-scatter pairs move the same bytes in the same number of messages.
 
+(The closed forms below read their constants, 8 h e bytes per token and FSDP's 3 e bytes
+per parameter, off those volumes: :func:`tp_bytes_per_token`, :func:`fsdp_bytes_per_param`.)
+
 Compute covers communication while ``t_c >= t_m``; multiplying by t,
 
     (6P + 12 s h) T / C  >=  (t - 1) (8 t alpha + 8 T h e / W).
@@ -122,6 +125,24 @@ def _rate(peak_flops: float, compute_efficiency: float) -> float:
     return positive("peak_flops", peak_flops) * efficiency
 
 
+def tp_bytes_per_token(hidden: int, *, bytes_per_element: int = 2) -> float:
+    """``8 h e``: the bytes one GPU sends per token and layer for its TP collectives, without
+    the ring's ``(t-1)/t``: :func:`~distlab.calc.comm.tensor_parallel_comm` for one token
+    at t = 2, where ``(t-1)/t = 1/2``, doubled. (The closed forms here take their constants
+    from the library's volumes, so they follow any change of how those are counted.)"""
+    at_two = tensor_parallel_comm(
+        seq_len=1, micro_batch=1, hidden=hidden, layers=1, tp=2, bytes_per_element=bytes_per_element
+    )
+    return 2 * at_two.total
+
+
+def fsdp_bytes_per_param(*, bytes_per_element: int = 2) -> float:
+    """``3 e``: the bytes one GPU sends per parameter it holds for FSDP's two all-gathers
+    and one reduce-scatter, without ``(d-1)/d``: :func:`~distlab.calc.comm.fsdp_comm` of one
+    parameter over d = 2, doubled."""
+    return 2 * fsdp_comm(1, dp=2, bytes_per_param=bytes_per_element).total
+
+
 def layer_flops_per_token(model: ModelSpec | str) -> float:
     """Forward + backward FLOPs of one layer per token: 6 P + 12 s h
     (:func:`~distlab.calc.flops.training_flops_per_token` of the layer's parameters plus
@@ -213,9 +234,8 @@ def bandwidth_bound_tp(
     link with alpha = 0 is its floor. For a GPT layer, ~ ``1 + (9/8) F W / C``."""
     spec = _spec(model)
     rate = _rate(peak_flops, compute_efficiency)
-    e = positive_int("bytes_per_element", bytes_per_element)
-    per_token = layer_flops_per_token(spec)
-    return 1 + per_token * positive("bandwidth", bandwidth) / (8 * spec.hidden * e * rate)
+    comm = tp_bytes_per_token(spec.hidden, bytes_per_element=bytes_per_element)
+    return 1 + layer_flops_per_token(spec) * positive("bandwidth", bandwidth) / (comm * rate)
 
 
 def max_useful_tp_on_h100(
@@ -288,6 +308,13 @@ def tp_fsdp_comm(
     return TpFsdpComm(t, d, tp_bytes, fsdp_bytes)
 
 
+def _fsdp_over_tp(spec: ModelSpec) -> float:
+    """``3 P e / (8 h e) = 3P / (8h)``: a layer's FSDP bytes per GPU (t = 1, large d) over
+    its TP bytes per token, from :func:`fsdp_bytes_per_param` and :func:`tp_bytes_per_token`
+    (the ratio does not depend on e)."""
+    return fsdp_bytes_per_param() * spec.params_per_layer / tp_bytes_per_token(spec.hidden)
+
+
 def tp_fsdp_batch_bound(model: ModelSpec | str, *, tp: int = 2) -> float:
     """``3P / (8 h t)``: the tokens per GPU below which TP of degree ``tp`` mixed into FSDP
     sends fewer bytes than pure FSDP (large FSDP groups; module docstring)."""
@@ -295,7 +322,7 @@ def tp_fsdp_batch_bound(model: ModelSpec | str, *, tp: int = 2) -> float:
     t = positive_int("tp", tp)
     if t < 2:
         raise ValueError(f"tp must be >= 2 to mix TP into FSDP, got {tp!r}")
-    return 3 * spec.params_per_layer / (8 * spec.hidden * t)
+    return _fsdp_over_tp(spec) / t
 
 
 def optimal_tp(model: ModelSpec | str, *, tokens_per_gpu: float) -> float:
@@ -303,8 +330,7 @@ def optimal_tp(model: ModelSpec | str, *, tokens_per_gpu: float) -> float:
     per GPU for large FSDP groups (module docstring); :func:`best_tp_fsdp_split` rounds
     it to the best divisor with exact volumes."""
     spec = _spec(model)
-    b = positive("tokens_per_gpu", tokens_per_gpu)
-    return math.sqrt(3 * spec.params_per_layer / (8 * b * spec.hidden))
+    return math.sqrt(_fsdp_over_tp(spec) / positive("tokens_per_gpu", tokens_per_gpu))
 
 
 def best_tp_fsdp_split(
