@@ -47,6 +47,13 @@ def _worker(rank, world):
         "scatter": {f.__name__: f(rows_in, rows) for f in (o.serial_matmul_reduce_scatter, o.overlapped_matmul_reduce_scatter)},
         "batched": o.overlapped_gather_matmul(batched, columns, dim=1)[0],
     }  # fmt: skip
+    if world == 4:  # two groups of two, {0, 2} and {1, 3}: ring neighbours are global ranks
+        import torch.distributed as dist
+
+        groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        x2, w2 = dense(2)
+        mine = x2.chunk(2, 0)[rank // 2]
+        out["subgroup"] = o.overlapped_gather_matmul(mine, w2, groups[rank % 2])[0]
     if world == 2:
         out["exposed"] = _exposed_on_a_compute_bound_size(rank)
     return out
@@ -83,6 +90,12 @@ def test_gather_matmul_equals_the_dense_matmul(world):
             assert torch.equal(y, expected), name
         batched = x.reshape(2, world * TOKENS // 2, world * K) @ w.chunk(world, 1)[rank]
         assert torch.equal(res["batched"], batched)
+
+
+def test_overlapped_gather_runs_on_a_subgroup():
+    x, w = dense(2)
+    for res in results(4):
+        assert torch.equal(res["subgroup"], x @ w)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -166,12 +179,14 @@ def test_bad_input_is_named():
         Interval("waiting", 0.0, 1.0)
     with pytest.raises(ValueError, match="ends"):
         Interval("comm", 2.0, 1.0, "late")
-    from distlab.parallel.tensor.overlap import _check
+    from distlab.parallel.tensor.overlap import overlapped_gather_matmul, serial_gather_matmul
 
-    with pytest.raises(ValueError, match="contracted"):
-        _check(torch.zeros(4, 3), torch.zeros(3, 2), -1)
+    with pytest.raises(ValueError, match="contracted"):  # checked before any collective
+        overlapped_gather_matmul(torch.zeros(4, 3), torch.zeros(3, 2), dim=-1)
     with pytest.raises(ValueError, match="expects 5"):
-        _check(torch.zeros(4, 3), torch.zeros(5, 2), 0)
+        serial_gather_matmul(torch.zeros(4, 3), torch.zeros(5, 2))
+    with pytest.raises(ValueError, match="must be a matrix"):
+        serial_gather_matmul(torch.zeros(4, 3), torch.zeros(3))
 
 
 def test_plot_draws_compute_and_comm_rows_for_every_rank():

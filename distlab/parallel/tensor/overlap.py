@@ -67,8 +67,9 @@ class Interval:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if not self.start <= self.end:
-            raise ValueError(f"interval {self.label!r} ends ({self.end}) before it starts "
-                             f"({self.start})")  # fmt: skip
+            raise ValueError(
+                f"interval {self.label!r} ends ({self.end}) before it starts ({self.start})"
+            )
 
     @property
     def seconds(self) -> float:
@@ -174,8 +175,9 @@ def _ring(group) -> tuple[int, int, int, int]:
 def _check(x: torch.Tensor, weight: torch.Tensor, dim: int) -> int:
     """``dim`` as a non-negative index; it must not be ``x``'s last (contracted) dimension."""
     if weight.dim() != 2:
-        raise ValueError(f"weight must be a matrix (in_features, out_features), got shape "
-                         f"{tuple(weight.shape)}")  # fmt: skip
+        raise ValueError(
+            f"weight must be a matrix (in_features, out_features), got shape {tuple(weight.shape)}"
+        )
     if x.shape[-1] != weight.shape[0]:
         raise ValueError(
             f"x has {x.shape[-1]} features in its last dimension but weight expects "
@@ -183,8 +185,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, dim: int) -> int:
         )
     d = dim % x.dim()
     if d == x.dim() - 1:
-        raise ValueError(f"dim={dim} is the contracted (feature) dimension of x; shard the "
-                         "sequence or batch instead")  # fmt: skip
+        raise ValueError(
+            f"dim={dim} is the contracted (feature) dimension of x; shard the sequence or "
+            "batch instead"
+        )
     return d
 
 
