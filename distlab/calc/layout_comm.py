@@ -1,0 +1,422 @@
+"""What one rank of a composed run sends per step, by process group, for any :class:`Layout`.
+
+The mirror of :func:`distlab.parallel.compose.train` without torch: one formula per
+parallelism, each from :mod:`distlab.calc.comm`, :mod:`distlab.calc.moe` or
+:mod:`distlab.calc.buckets`, composed for whatever degrees the layout sets.
+:func:`layout_comm` returns, for one rank, a :class:`~distlab.calc.volume.CommVolume`
+per group name, named as :func:`distlab.parallel.comm_trace.trace_comm` names the
+group (the first name of :data:`distlab.core.ranks.GROUP_NAMES` whose rank list it
+has: with dp = 1 the dp-cp reduction is ``"cp"``, with cp = 1 it is ``"dp"``), so
+``.total`` of each equals the wire bytes ``ComposedRun.bytes_by_group`` records
+for that group in one step.
+
+Per step, with m micro-batches of b sequences, s_c = s / cp tokens of each on a rank
+(s_c / tp between layers with sequence parallelism), v chunks per rank, the rank's
+layers split into dense and MoE ones (:func:`rank_modules`):
+
+* **tensor** (``"tp"``): :func:`~distlab.calc.comm.tensor_parallel_comm` for the dense
+  layers (two all-reduces of b s_c h forward, two backward; with SP each an all-gather
+  and a reduce-scatter) plus, with SP, the two re-gathers distlab's column layers make in
+  backward (:class:`~distlab.parallel.tensor.sequence.LinearsOnGatheredSequence`,
+  Megatron-LM's memory-saving column layer), and the one all-reduce over tp of the
+  sequence-parallel gradients (LayerNorms, row-parallel biases, positions) per step;
+  a MoE layer's attention only (its experts are whole on every TP rank: half a
+  dense layer's count); :func:`~distlab.calc.comm.vocab_parallel_comm` for the
+  embedding, head and loss (with SP: embedding reduce-scatter forward and all-gather
+  backward, head all-gather forward, re-gather and reduce-scatter backward);
+* **context** (``"cp"``): :func:`~distlab.calc.comm.context_parallel_comm`'s forward K/V
+  blocks and backward K/V gradients, ``2 b s_c h/tp`` elements per message (the ring
+  runs on the rank's h/tp head features), ``cp - 1`` of each per layer and micro-batch.
+  Its third part, the K/V blocks passed round again in backward, is left out:
+  distlab's ring (:func:`~distlab.parallel.context.ring_attention`) keeps every block
+  for backward instead of recomputing;
+* **expert** (``"ep"``): :func:`~distlab.calc.moe.moe_all_to_all_comm`, 4 all-to-alls per
+  MoE layer and micro-batch of the ``E x C x h`` buffer, C from the b s_c tokens a rank routes;
+* **pipeline** (``"pp"``): :func:`~distlab.calc.comm.pipeline_parallel_comm`'s sends, m (v -
+  [last stage]) activations and m (v - [first stage]) gradients (Narayanan et al. 2021,
+  Section 2.2.2), each the whole tensor a rank holds, plus the executor's 64-byte shape
+  header before each (:data:`PIPELINE_HEADER_BYTES`);
+* **tied embedding** (``"embedding"``): with pp > 1 the first and last stages send each
+  other their ``ceil(V/tp) x h`` part of the embedding's gradient once per step;
+* **data** (the dp-cp group): ``zero_stage=0`` one all-reduce per dense parameter tensor
+  (:func:`per_tensor_all_reduces`) and one per expert tensor over ``"expert_dp"``
+  (:func:`~distlab.parallel.moe.average_moe_gradients`); ZeRO-1 a reduce-scatter and an
+  all-gather per flat group (:func:`zero_flat_group_parts`); ZeRO-2 the reduce-scatter
+  after every backward pass (m v per step) and one all-gather; FSDP
+  (:func:`fsdp_unit_parts`) two all-gathers and a reduce-scatter per unit (one per
+  module owning parameters) and per micro-batch: :func:`~distlab.calc.comm.data_parallel_comm`
+  for each.
+
+Not per step, so not here: ZeRO's and FSDP's broadcast of the parameters when they are
+built, the loss average the loop reports, checks made when the model is built.
+Counted as ring collectives move bytes (:mod:`distlab.calc.volume`): exact per rank when
+every group has 2 ranks, and for larger groups when the group size divides each buffer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from distlab.core.checks import positive, positive_int
+from distlab.core.layout import Layout
+from distlab.core.pipeline_schedule import V_SHAPED
+from distlab.core.ranks import GROUP_NAMES
+
+from .buckets import zero_flat_groups
+from .comm import (
+    context_parallel_comm,
+    data_parallel_comm,
+    pipeline_parallel_comm,
+    tensor_parallel_comm,
+    vocab_parallel_comm,
+)
+from .memory import ModelStateBytes, model_state_bytes
+from .moe import moe_all_to_all_comm
+from .transformer import ModelSpec, rank_parameter_tensors
+from .volume import CommPart, CommVolume
+
+#: bytes of the shape header distlab's pipeline executor sends before every tensor
+#: (8 int64: ndim, dtype, up to 6 sizes; ``distlab.parallel.pipeline.executor._HEADER``)
+PIPELINE_HEADER_BYTES = 64
+#: schedules that split the backward into input- and weight-gradient passes: FSDP's and
+#: ZeRO-2's per-backward collectives run on another count there (not modelled)
+SPLIT_BACKWARD = ("zb_h1", "zb_h2", *V_SHAPED)
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The MoE layers of a :class:`distlab.parallel.moe_gpt.MoEGPT` (its ``MoEConfig``'s fields):
+    block i has a MoE MLP when ``(i + 1) % every == 0``; experts of ``ffn_hidden`` (4h if None)."""
+
+    num_experts: int
+    top_k: int = 1
+    capacity_factor: float = 1.25
+    every: int = 2
+    ffn_hidden: int | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("num_experts", self.num_experts)
+        positive_int("top_k", self.top_k)
+        positive("capacity_factor", self.capacity_factor)
+        positive_int("every", self.every)
+
+    def is_moe_layer(self, index: int) -> bool:
+        return (index + 1) % self.every == 0
+
+
+@dataclass(frozen=True)
+class RankModule:
+    """One module of a rank's share that owns parameters: their element counts, in order;
+    ``expert``: an expert's (reduced over ``"expert_dp"``, not dp-cp)."""
+
+    name: str
+    tensors: tuple[int, ...]
+    expert: bool = False
+
+
+def stage_layers(layout: Layout, stage: int, layers: int) -> list[int]:
+    """The block indices pipeline rank ``stage`` holds: chunk c is virtual stage c p + stage
+    (Narayanan et al. 2021, Section 2.2.2), L / (p v) blocks each, chunk 0 first."""
+    p, v = layout.pp, layout.virtual_stages
+    per_chunk, rest = divmod(layers, p * v)
+    if rest:
+        raise ValueError(f"layers={layers} is not divisible by pp * virtual_stages = {p * v}")
+    out = []
+    for chunk in range(v):
+        j = chunk * p + stage
+        out += range(j * per_chunk, (j + 1) * per_chunk)
+    return out
+
+
+def _gpt_layer_modules(spec: ModelSpec, tp: int) -> list[tuple[str, tuple[int, ...]]]:
+    """One tensor-parallel GPT layer's modules (LayerNorm, q, k, v, proj, LayerNorm, fc1, fc2),
+    each (weight, bias), cut from :func:`~distlab.calc.transformer.rank_parameter_tensors`."""
+    if spec.gated_mlp or not spec.biases or spec.norm != "layernorm":
+        raise ValueError(f"{spec.name}: only distlab's GPT layers (biases, LayerNorm, GeLU MLP)")
+    one_layer = ModelSpec(spec.name, 1, spec.hidden, spec.heads, spec.vocab, spec.seq_len,
+                          ffn_hidden=spec.ffn_hidden, kv_heads=spec.kv_heads)  # fmt: skip
+    tensors = rank_parameter_tensors(one_layer, tp=tp)[2:-2]  # drop tok, pos; ln_f
+    names = ("ln1", "attn.q", "attn.k", "attn.v", "attn.proj", "ln2", "mlp.fc1", "mlp.fc2")
+    return [(n, tuple(tensors[2 * i : 2 * i + 2])) for i, n in enumerate(names)]
+
+
+def rank_modules(
+    spec: ModelSpec, layout: Layout, stage: int, moe: MoESpec | None = None
+) -> list[RankModule]:
+    """The modules owning parameters on pipeline rank ``stage`` of ``layout``, in the order
+    of its chunks' ``parameters()`` (what ZeRO buckets and FSDP wraps).
+
+    Tensor parallelism as :func:`~distlab.calc.transformer.rank_parameter_tensors`
+    (Megatron's splits, ``ceil(V/tp)`` vocabulary rows); a MoE block keeps TP attention,
+    a replicated router (``E x h``, no bias) and ``E / ep`` whole experts
+    (``h f + f`` and ``f h + h``). The head is the last virtual stage's own tensor
+    unless it is the tied embedding on the same rank (pp = 1)."""
+    h, t, p, v = spec.hidden, layout.tp, layout.pp, layout.virtual_stages
+    embedding = -(-spec.vocab // t) * h
+    layer = _gpt_layer_modules(spec, t)
+    modules: list[RankModule] = []
+    per_chunk = spec.layers // (p * v)
+    for chunk in range(v):
+        j = chunk * p + stage
+        if j == 0:
+            modules.append(RankModule("tok", (embedding,)))
+            if spec.learned_positions:
+                modules.append(RankModule("pos", (spec.seq_len * h,)))
+        for i in range(j * per_chunk, (j + 1) * per_chunk):
+            if moe is None or not moe.is_moe_layer(i):
+                modules += [RankModule(f"blocks.{i}.{n}", ts) for n, ts in layer]
+                continue
+            if moe.num_experts % layout.ep:
+                raise ValueError(
+                    f"num_experts={moe.num_experts} is not divisible by ep={layout.ep}"
+                )
+            f = moe.ffn_hidden or 4 * h
+            modules += [RankModule(f"blocks.{i}.{n}", ts) for n, ts in layer[:6]]
+            modules.append(RankModule(f"blocks.{i}.mlp.router", (moe.num_experts * h,)))
+            for e in range(moe.num_experts // layout.ep):
+                name = f"blocks.{i}.mlp.experts.{e}"
+                modules.append(RankModule(f"{name}.fc1", (f * h, f), expert=True))
+                modules.append(RankModule(f"{name}.fc2", (h * f, h), expert=True))
+        if j == p * v - 1:
+            if not spec.tied_embeddings or p > 1:
+                modules.append(RankModule("head", (embedding,)))
+            modules.append(RankModule("ln_f", (h, h)))
+    return modules
+
+
+def trace_name(layout: Layout, group: str, rank: int) -> str:
+    """The name a trace gives ``rank``'s ``group``: the first of :data:`GROUP_NAMES`
+    with the same rank list (:func:`distlab.parallel.comm_trace.name_groups`)."""
+    ranks = layout.group_of(group, rank)
+    return next(n for n in GROUP_NAMES if layout.group_of(n, rank) == ranks)
+
+
+# -- one formula per parallelism ----------------------------------------------------
+
+
+def tensor_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,
+                 moe: MoESpec | None = None, bytes_per_element: int = 4) -> tuple:  # fmt: skip
+    """The ``"tp"`` group's collectives (module docstring, first item)."""
+    t, m, sp = layout.tp, layout.micro_batches, layout.sequence_parallel
+    if t == 1:
+        return ()
+    layers = stage_layers(layout, stage, spec.layers)
+    n_moe = sum(1 for i in layers if moe is not None and moe.is_moe_layer(i))
+    first, last = stage == 0, stage == layout.pp - 1
+    shape = {"seq_len": spec.seq_len // layout.cp, "micro_batch": micro_batch,
+             "hidden": spec.hidden, "bytes_per_element": bytes_per_element}  # fmt: skip
+    activation = shape["seq_len"] * micro_batch * spec.hidden * bytes_per_element
+    parts = tensor_parallel_comm(**shape, layers=len(layers) - n_moe, tp=t, micro_batches=m,
+                                 sequence_parallel=sp).parts  # fmt: skip
+    if n_moe:  # attention only: one collective forward and one backward per MoE layer
+        halves = tensor_parallel_comm(**shape, layers=n_moe, tp=t, micro_batches=m).parts
+        parts += tuple(replace(p, what=f"{p.what} (MoE layers' attention)", count=p.count // 2)
+                       for p in halves)  # fmt: skip
+    vocab = vocab_parallel_comm(**shape, tp=t, micro_batches=m, first_stage=first,
+                                last_stage=last).parts  # fmt: skip
+    if not sp:
+        return parts + vocab
+    dense = len(layers) - n_moe
+    parts += (CommPart("backward re-gather of column layers' input (SP)", "all_gather", t,
+                       activation, 2 * dense * m),)  # fmt: skip
+    if first:
+        parts += (CommPart("embedding output reduce-scatter (SP)", "reduce_scatter", t, activation, m),
+                  CommPart("embedding gradient all-gather (SP)", "all_gather", t, activation, m))  # fmt: skip
+    if last:
+        parts += (CommPart("head input all-gather, forward and backward (SP)", "all_gather", t,
+                           activation, 2 * m),
+                  CommPart("head input-gradient reduce-scatter (SP)", "reduce_scatter", t,
+                           activation, m))  # fmt: skip
+        parts += tuple(p for p in vocab if p.what.startswith("loss"))
+    h = spec.hidden
+    marked = len(layers) * 6 * h + (spec.seq_len * h if first else 0) + (2 * h if last else 0)
+    parts += (CommPart("sequence-parallel gradients all-reduce (flat)", "all_reduce", t,
+                       marked * bytes_per_element),)  # fmt: skip
+    return parts
+
+
+def context_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,
+                  bytes_per_element: int = 4) -> tuple:  # fmt: skip
+    """Ring attention's messages (module docstring, second item)."""
+    if layout.cp == 1:
+        return ()
+    volume = context_parallel_comm(
+        seq_len=spec.seq_len // layout.cp, micro_batch=micro_batch,
+        hidden=spec.hidden // layout.tp, layers=len(stage_layers(layout, stage, spec.layers)),
+        cp=layout.cp, micro_batches=layout.micro_batches, bytes_per_element=bytes_per_element,
+    )  # fmt: skip
+    return tuple(p for p in volume.parts if not p.what.startswith("backward K/V blocks"))
+
+
+def expert_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,
+                 moe: MoESpec | None, bytes_per_element: int = 4) -> tuple:  # fmt: skip
+    """Expert parallelism's all-to-alls (module docstring, third item)."""
+    layers = stage_layers(layout, stage, spec.layers)
+    n_moe = sum(1 for i in layers if moe is not None and moe.is_moe_layer(i))
+    if moe is None or layout.ep == 1 or not n_moe:
+        return ()
+    return moe_all_to_all_comm(
+        tokens=micro_batch * spec.seq_len // layout.cp, hidden=spec.hidden,
+        num_experts=moe.num_experts, ep=layout.ep, top_k=moe.top_k,
+        capacity_factor=moe.capacity_factor, moe_layers=n_moe,
+        micro_batches=layout.micro_batches, bytes_per_element=bytes_per_element,
+    ).parts  # fmt: skip
+
+
+def pipeline_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,
+                   bytes_per_element: int = 4, headers: bool = True) -> tuple:  # fmt: skip
+    """The sends of pipeline rank ``stage`` (module docstring, fourth item)."""
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
+    if p == 1:
+        return ()
+    if layout.pipeline_schedule in V_SHAPED:
+        raise ValueError(
+            f"schedule {layout.pipeline_schedule!r}: the V's local hand-over is not modelled"
+        )
+    tokens = spec.seq_len // layout.cp // (layout.tp if layout.sequence_parallel else 1)
+    sends = pipeline_parallel_comm(seq_len=tokens, micro_batch=micro_batch, hidden=spec.hidden,
+                                   micro_batches=m, pp=p, virtual_stages=v,
+                                   bytes_per_element=bytes_per_element).parts  # fmt: skip
+    counts = (m * (v - int(stage == p - 1)), m * (v - int(stage == 0)))
+    parts = tuple(replace(part, count=n) for part, n in zip(sends, counts, strict=True) if n)
+    if headers and sum(counts):
+        parts += (CommPart("shape header before each send", "send_recv", 2,
+                           PIPELINE_HEADER_BYTES, sum(counts)),)  # fmt: skip
+    return parts
+
+
+def tied_parts(spec: ModelSpec, layout: Layout, stage: int, *, bytes_per_element: int = 4) -> tuple:
+    """The tied embedding's gradient exchange between the first and last stage."""
+    p = layout.pp
+    if not spec.tied_embeddings or p == 1 or stage not in (0, p - 1):
+        return ()
+    rows = -(-spec.vocab // layout.tp)
+    return (
+        CommPart("tied embedding gradient", "send_recv", 2, rows * spec.hidden * bytes_per_element),
+    )
+
+
+def per_tensor_all_reduces(tensors, *, group: int, bytes_per_element: int) -> tuple:
+    """One :func:`~distlab.calc.comm.data_parallel_comm` all-reduce per gradient tensor
+    (no buckets), one part per tensor size."""
+    parts: tuple = ()
+    for size, n in sorted(Counter(tensors).items()):
+        (grads,) = data_parallel_comm(size, dp=group, bytes_per_grad=bytes_per_element).parts
+        parts += (replace(grads, what=f"gradient all-reduce, {size}-element tensors", count=n),)
+    return parts
+
+
+def zero_flat_group_parts(tensors, *, group: int, zero_stage: int, backward_passes: int,
+                          bytes_per_element: int) -> tuple:  # fmt: skip
+    """ZeRO-1/2 (:class:`~distlab.parallel.zero.ZeroOptimizer`): per padded flat group
+    (:func:`~distlab.calc.buckets.zero_flat_groups`), :func:`~distlab.calc.comm.data_parallel_comm`
+    at ``zero_stage``; ZeRO-2 reduce-scatters at the end of each of ``backward_passes``."""
+    bpe, parts = bytes_per_element, ()
+    flat = zero_flat_groups(tensors, dp=group, bytes_per_element=bpe)
+    for size, n in sorted(Counter(flat).items()):
+        volume = data_parallel_comm(size, dp=group, zero_stage=zero_stage, bytes_per_param=bpe,
+                                    bytes_per_grad=bpe, micro_batches=backward_passes)  # fmt: skip
+        parts += tuple(replace(p, what=f"{p.what}, {size}-element flat groups", count=p.count * n)
+                       for p in volume.parts)  # fmt: skip
+    return parts
+
+
+def fsdp_unit_parts(modules, *, group: int, micro_batches: int, bytes_per_element: int) -> tuple:
+    """FSDP with one unit per module owning parameters (``wrap="layer"``): each unit's
+    elements padded to a multiple of the group, then :func:`~distlab.calc.comm.data_parallel_comm`
+    at stage 3 (all-gather forward, all-gather backward, reduce-scatter, per micro-batch)."""
+    bpe, parts = bytes_per_element, ()
+    padded = [-(-sum(mod.tensors) // group) * group for mod in modules]
+    for size, n in sorted(Counter(padded).items()):
+        volume = data_parallel_comm(size, dp=group, zero_stage=3, bytes_per_param=bpe,
+                                    bytes_per_grad=bpe, micro_batches=micro_batches)  # fmt: skip
+        parts += tuple(replace(p, what=f"{p.what}, {size}-element units", count=p.count * n)
+                       for p in volume.parts)  # fmt: skip
+    return parts
+
+
+def data_parts(modules, layout: Layout, *, bytes_per_element: int = 4) -> tuple[tuple, tuple]:
+    """``(dp-cp parts, expert_dp parts)``: the data-parallel reductions of ``modules``
+    (module docstring, last item)."""
+    group = layout.dp * layout.cp
+    expert_group = group // layout.ep
+    dense = [t for mod in modules if not mod.expert for t in mod.tensors]
+    experts = [t for mod in modules if mod.expert for t in mod.tensors]
+    bpe, zero = bytes_per_element, layout.zero_stage
+    if zero and layout.pipeline_schedule in SPLIT_BACKWARD and zero >= 2:
+        raise ValueError(f"ZeRO-{zero} with {layout.pipeline_schedule!r} is not modelled")
+    if zero and experts:
+        raise ValueError("ZeRO or FSDP with expert layers is not modelled (compose refuses ep > 1)")
+    if group == 1:
+        return (), ()
+    if zero == 0:
+        expert = per_tensor_all_reduces(experts, group=expert_group, bytes_per_element=bpe)
+        dense_parts = per_tensor_all_reduces(dense, group=group, bytes_per_element=bpe)
+        return dense_parts, expert if expert_group > 1 else ()
+    m, v = layout.micro_batches, layout.virtual_stages
+    if zero == 3:
+        return fsdp_unit_parts(modules, group=group, micro_batches=m, bytes_per_element=bpe), ()
+    parts = zero_flat_group_parts(dense, group=group, zero_stage=zero, backward_passes=m * v,
+                                  bytes_per_element=bpe)  # fmt: skip
+    return parts, ()
+
+
+# -- composed -----------------------------------------------------------------------
+
+
+def layout_comm(
+    spec: ModelSpec,
+    layout: Layout,
+    rank: int,
+    *,
+    micro_batch: int | None = None,
+    moe: MoESpec | None = None,
+    bytes_per_element: int = 4,
+    headers: bool = True,
+) -> dict[str, CommVolume]:
+    """Bytes ``rank`` of ``layout`` sends in one step of :func:`distlab.parallel.compose.train`,
+    by the trace's group name (module docstring); groups it sends nothing in are left out.
+
+    ``spec``: the model (:func:`distlab.calc.three_d.gpt_spec`); ``micro_batch``: sequences
+    per micro-batch (default ``layout.micro_batch``; compose's is b / (dp m)); ``moe``:
+    the MoE layers, if any; ``headers``: count the pipeline's shape headers."""
+    b = positive_int("micro_batch", layout.micro_batch if micro_batch is None else micro_batch)
+    stage = layout.coordinates(rank)["pp"]
+    bpe = positive_int("bytes_per_element", bytes_per_element)
+    if layout.zero_stage == 3 and layout.pipeline_schedule in SPLIT_BACKWARD:
+        raise ValueError(f"FSDP with {layout.pipeline_schedule!r} is not modelled")
+    modules = rank_modules(spec, layout, stage, moe)
+    dense_data, expert_data = data_parts(modules, layout, bytes_per_element=bpe)
+    kw = {"micro_batch": b, "bytes_per_element": bpe}
+    pieces = [
+        (trace_name(layout, "tp", rank), tensor_parts(spec, layout, stage, moe=moe, **kw)),
+        ("cp", context_parts(spec, layout, stage, **kw)),
+        ("ep", expert_parts(spec, layout, stage, moe=moe, **kw)),
+        ("pp", pipeline_parts(spec, layout, stage, headers=headers, **kw)),
+        ("embedding", tied_parts(spec, layout, stage, bytes_per_element=bpe)),
+        (trace_name(layout, "dp-cp", rank), dense_data),
+        (trace_name(layout, "expert_dp", rank), expert_data),
+    ]
+    by_group: dict[str, tuple] = {}
+    for name, parts in pieces:
+        if parts:
+            by_group[name] = by_group.get(name, ()) + tuple(parts)
+    return {name: CommVolume(name, parts) for name, parts in by_group.items()}
+
+
+def layout_model_state(
+    spec: ModelSpec, layout: Layout, rank: int, *, moe: MoESpec | None = None,
+    recipe: str = "sgd_momentum",
+) -> ModelStateBytes:  # fmt: skip
+    """Parameter, gradient and optimizer-state bytes of ``rank``: the ZeRO paper's stages
+    (:func:`~distlab.calc.memory.model_state_bytes`) over the dp-cp group, applied to
+    the rank's own tensors (:func:`rank_modules`: exact stage sizes, not Ψ / (tp pp)).
+    FSDP shards each unit padded to a multiple of the group, as it runs."""
+    modules = rank_modules(spec, layout, layout.coordinates(rank)["pp"], moe)
+    group = layout.dp * layout.cp
+    if layout.fsdp:
+        n = sum(-(-sum(mod.tensors) // group) * group for mod in modules)
+    else:
+        n = sum(t for mod in modules for t in mod.tensors)
+    return model_state_bytes(n, recipe=recipe, zero_stage=layout.zero_stage, dp=group)

@@ -1,0 +1,134 @@
+"""The collective trace of a composed run equals the calculator, group by group, on every rank.
+
+For each layout of ``tests/test_compose.py`` (TP x CP x DP, CP inside a pipeline, MoE
+blocks inside a pipeline, FSDP around pipeline chunks, SP with the interleaved
+schedule, four axes at once): one launch of 2 steps of
+:func:`distlab.parallel.compose.train` on 8 gloo processes, and on every rank, every
+step, the wire bytes per group (``ComposedRun.bytes_by_group``: the trace's collectives
+and pipeline messages, plus the ring's K/V messages under ``"cp"``) equal
+:func:`distlab.calc.layout_comm.layout_comm` for that rank exactly; the model-state bytes
+equal :func:`distlab.calc.layout_comm.layout_model_state`.
+
+Without torch: :func:`distlab.calc.three_d.three_d_comm` (the old train_3d mirror) is the
+same count on TP x PP x DP layouts, plus what train_3d reported outside the step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_compose import BATCH, CASES, OPTIMIZER  # the six layouts, one place
+
+import distlab
+from distlab.calc.comm import context_parallel_comm
+from distlab.calc.layout_comm import MoESpec, layout_comm, layout_model_state
+from distlab.calc.three_d import gpt_spec, three_d_comm
+from distlab.core.layout import Layout
+from distlab.models import GPTConfig, gpt_batch
+
+STEPS = 2
+
+
+def spec_of(config: GPTConfig):
+    return gpt_spec(vocab=config.vocab, seq_len=config.seq_len, hidden=config.hidden,
+                    heads=config.heads, layers=config.layers,
+                    tie_embeddings=config.tie_embeddings)  # fmt: skip
+
+
+def predicted(layout: Layout, config: GPTConfig, moe: dict | None, rank: int) -> dict[str, float]:
+    """layout_comm's bytes per group for ``rank`` of a CASES entry."""
+    volumes = layout_comm(
+        spec_of(config), layout, rank, micro_batch=BATCH // (layout.dp * layout.micro_batches),
+        moe=MoESpec(num_experts=4, **moe) if moe else None,
+    )  # fmt: skip
+    return {name: volume.total for name, volume in volumes.items()}
+
+
+def _train(rank, world_size, layout, config, moe):
+    torch.set_num_threads(1)
+    from distlab.models import GPT
+    from distlab.parallel.compose import train
+
+    if moe is None:
+        model = GPT(config, seed=0)
+    else:
+        from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
+
+        model = MoEGPT(config, MoEConfig(num_experts=4, **moe), seed=0)
+    tokens, targets = gpt_batch(BATCH, config, seed=1)
+    run = train(model, layout, tokens, targets, steps=STEPS, lr=0.1, optimizer=OPTIMIZER)
+    return run.rank, run.bytes_by_group, run.model_state_bytes
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def traced(request):
+    layout, config, moe = CASES[request.param]
+    runs = distlab.run(_train, layout.world_size, args=(layout, config, moe), timeout=300)
+    return request.param, layout, config, moe, runs
+
+
+def test_every_rank_sends_what_layout_comm_predicts_per_group(traced):
+    name, layout, config, moe, runs = traced
+    for rank, steps, _ in runs:
+        want = predicted(layout, config, moe, rank)
+        assert all(v == int(v) for v in want.values()), f"{name}: fractional bytes {want}"
+        for step, sent in enumerate(steps):
+            assert sent == want, f"{name}, rank {rank}, step {step}: traced {sent}, calc {want}"
+
+
+def test_model_state_bytes_equal_the_calculator(traced):
+    name, layout, config, moe, runs = traced
+    moe_spec = MoESpec(num_experts=4, **moe) if moe else None
+    for rank, _, measured in runs:
+        want = layout_model_state(spec_of(config), layout, rank, moe=moe_spec)
+        assert measured == want.total, f"{name}, rank {rank}"
+
+
+# -- without processes ------------------------------------------------------------------
+
+SPEC = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=4)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+@pytest.mark.parametrize(("tp", "pp", "dp", "chunks"), [(2, 2, 2, 1), (2, 2, 2, 2), (1, 4, 2, 1),
+                                                        (4, 1, 2, 1), (2, 1, 1, 1)])  # fmt: skip
+def test_three_d_comm_is_layout_comm_plus_what_train_3d_sent_outside_the_step(
+    tp, pp, dp, chunks, zero_stage
+):
+    layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, virtual_stages=chunks,
+                    micro_batches=2)  # fmt: skip
+    for rank in range(layout.world_size):
+        stage = layout.coordinates(rank)["pp"]
+        new = layout_comm(SPEC, layout, rank, micro_batch=2, headers=False)
+        old = three_d_comm(SPEC, tp=tp, pp=pp, dp=dp, micro_batch=2, micro_batches=2,
+                           stage=stage, bytes_per_element=4, zero_stage=zero_stage,
+                           chunks=chunks, layer_buffers=(64,))  # fmt: skip
+        for group, volume in old.items():
+            outside = [
+                p
+                for p in volume.parts
+                if p.collective == "broadcast" or p.what.startswith("loss average")
+            ]
+            per_step = volume.total - sum(p.bytes_sent for p in outside)
+            if per_step:
+                assert new[group].total == per_step, f"{layout.label()}, rank {rank}, {group}"
+            else:
+                assert group not in new, f"{layout.label()}, rank {rank}, {group}"
+
+
+def test_ring_attention_sends_two_of_the_textbook_three_passes():
+    """distlab's ring keeps the K/V blocks for backward: the fused kernel's second pass is absent."""
+    layout = Layout(cp=2, dp=4)
+    new = layout_comm(SPEC, layout, 0, micro_batch=1)
+    textbook = context_parallel_comm(seq_len=4, micro_batch=1, hidden=32, layers=4, cp=2,
+                                     bytes_per_element=4)  # fmt: skip
+    assert new["cp"].total == 2 / 3 * textbook.total
+
+
+def test_groups_are_named_as_the_trace_names_them():
+    spec = SPEC
+    assert set(layout_comm(spec, Layout(tp=2, cp=2), 0)) == {"tp", "cp"}  # dp-cp is "cp"
+    assert set(layout_comm(spec, Layout(cp=2, dp=2), 0)) == {"cp", "dp-cp"}
+    assert set(layout_comm(spec, Layout(dp=2, pp=2), 0)) == {"dp", "pp", "embedding"}
+    with pytest.raises(ValueError, match="not modelled"):
+        layout_comm(spec, Layout(dp=2, pp=2, zero_stage=3, schedule="zb_h1", micro_batches=2), 0)
