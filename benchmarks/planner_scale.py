@@ -46,7 +46,7 @@ def main() -> None:
         best = min(times)
         if cluster.world_size == 16384:
             worst_at_16k = max(worst_at_16k, best)
-        winner = result.best.config.label() if result.candidates else "(nothing fits)"
+        winner = result.best.layout.label() if result.candidates else "(nothing fits)"
         table.add_row(
             model,
             cluster_name,

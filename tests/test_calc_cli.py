@@ -70,7 +70,7 @@ def test_plan_json_and_table(capsys):
     data = json.loads(run([*argv, "--json", "--top", "3"], capsys))
     assert data["n_feasible"] > 0 and len(data["candidates"]) == 3
     best = data["candidates"][0]
-    assert best["config"]["tp"] * best["config"]["pp"] * best["config"]["dp"] == 128
+    assert best["layout"]["tp"] * best["layout"]["pp"] * best["layout"]["dp"] == 128
     assert any("Why TP stays inside" in line for line in data["explanation"])
     out = run(argv, capsys)
     assert "TP/PP/DP" in out and "Winner:" in out
@@ -158,11 +158,11 @@ def test_plots_return_figures():
 
 
 def test_import_distlab_calc_does_not_import_torch():
-    """``distlab.calc`` loads neither torch, numpy nor matplotlib; the planner (and so the
-    ``distlab calc`` commands) loads numpy only, for the rank layout of distlab.core.ranks."""
+    """``distlab.calc``, the planner and the ``distlab calc`` commands load neither torch nor
+    matplotlib (numpy they do: the rank layout of distlab.core.layout uses it)."""
     code = (
         "import sys, distlab.calc; "
-        "bad = [m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules]; "
+        "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]; "
         "assert not bad, bad; "
         "import distlab.calc.planner, distlab.commands.calc; "
         "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]; "

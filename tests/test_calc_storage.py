@@ -6,7 +6,8 @@ import pytest
 
 from distlab.calc import flops, storage
 from distlab.calc.memory import get_recipe
-from distlab.calc.planner import ParallelConfig, peak_memory, plan
+from distlab.calc.planner import peak_memory, plan
+from distlab.core.layout import Layout
 from distlab.sim.topology import preset
 
 
@@ -80,15 +81,15 @@ def test_run_seconds_counts_whole_steps():
 def test_estimate_for_finds_fitting_layouts_only():
     result = plan("7B", preset("dgx-h100", nodes=2), global_batch=32)
     best = result.best
-    assert result.estimate_for(best.config) is best
-    assert peak_memory("7B", best.config).total == best.memory.total
-    off_grid = ParallelConfig(
-        tp=3, pp=1, dp=5, zero_stage=0, micro_batch=1, micro_batches=1, recompute="none"
-    )
+    assert result.estimate_for(best.layout) is best
+    assert peak_memory("7B", best.layout).total == best.memory.total
+    off_grid = Layout(tp=3, dp=5, sequence_parallel=True)
     assert result.estimate_for(off_grid) is None
-    too_big = ParallelConfig(
-        tp=1, pp=1, dp=16, zero_stage=0, micro_batch=2, micro_batches=1, recompute="none"
-    )
+    too_big = Layout(dp=16, micro_batch=2)
     assert peak_memory("7B", too_big).total > 72e9 and result.estimate_for(too_big) is None
-    with pytest.raises(TypeError):
+    if best.layout.tp > 1:  # the planner enumerates sequence parallelism on whenever tp > 1
+        assert result.estimate_for(best.layout.with_(sequence_parallel=False)) is None
+    with pytest.raises(TypeError, match="Layout"):
         result.estimate_for((1, 1, 16))
+    with pytest.raises(ValueError, match="cp=2"):
+        peak_memory("7B", Layout(cp=2, dp=8))

@@ -22,7 +22,7 @@ import torch
 import distlab
 from distlab.calc.buckets import zero_flat_groups
 from distlab.calc.moe import moe_all_to_all_comm
-from distlab.calc.planner import ParallelConfig, evaluate, plan
+from distlab.calc.planner import evaluate, plan
 from distlab.calc.three_d import (
     gpt_spec,
     job_comm_totals,
@@ -31,6 +31,7 @@ from distlab.calc.three_d import (
     three_d_comm,
 )
 from distlab.calc.transformer import model_preset, rank_parameter_tensors
+from distlab.core.layout import Layout
 from distlab.core.pipeline_schedule import build, with_communication
 from distlab.models import GPT, GPTConfig
 from distlab.parallel.buckets import assign_buckets, bucket_cap_bytes, trainable_parameters
@@ -128,14 +129,14 @@ def test_rank_parameter_tensors_cover_the_model():
 def test_evaluate_is_what_plan_computes_for_that_layout():
     cluster = preset("dgx-h100", nodes=1)
     found = plan("7B", cluster, global_batch=16).candidates
-    config = found[0].config
-    assert evaluate("7B", cluster, config) == found[0]
+    layout = found[0].layout
+    assert evaluate("7B", cluster, layout) == found[0]
     with pytest.raises(ValueError, match="GPUs"):
-        evaluate("7B", cluster, dataclasses.replace(config, dp=config.dp * 2))
+        evaluate("7B", cluster, layout.with_(dp=layout.dp * 2))
     lt = layout_step_time(
         model_preset("7B"), cluster, tp=2, pp=2, dp=2, micro_batch=1, micro_batches=8
     )
-    assert lt.estimate.config == ParallelConfig(2, 2, 2, 0, 1, 8, "none")
+    assert lt.estimate.layout == Layout(tp=2, pp=2, dp=2, micro_batches=8, sequence_parallel=True)
     assert lt.group_seconds["embedding"] == 0  # LLaMA's output layer is not tied
     assert lt.group_seconds["tp"] > lt.group_seconds["dp"] > lt.group_seconds["pp"] > 0
 

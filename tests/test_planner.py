@@ -48,7 +48,7 @@ def test_every_layout_obeys_the_rules_and_fits():
     capacity = result.cluster.gpu_memory_bytes * (1 - result.assumptions.memory_headroom)
     assert result.candidates and result.n_enumerated == len(result.candidates) + result.n_too_big
     for e in result.candidates:
-        c = e.config
+        c = e.layout
         assert c.tp * c.pp * c.dp == n_gpus
         assert spec.heads % c.tp == 0 and spec.layers % c.pp == 0
         assert c.dp * c.micro_batch * c.micro_batches == 32
@@ -90,7 +90,7 @@ def test_ranked_by_step_time_and_estimates_are_consistent():
         * 4096
     )
     assert best.mfu * best.step_s * 16 * result.cluster.gpu_peak_flops == pytest.approx(model_flops)
-    c = best.config
+    c = best.layout
     again = peak_bytes(
         n_params=result.model.n_params,
         layers=32,
@@ -105,7 +105,7 @@ def test_ranked_by_step_time_and_estimates_are_consistent():
         pp=c.pp,
         sequence_parallel=c.sequence_parallel,
         recompute=c.recompute,
-        schedule=c.schedule,
+        schedule=c.pipeline_schedule,
         virtual_stages=c.virtual_stages,
         largest_layer_params=result.model.largest_layer_params,
     )
@@ -115,12 +115,12 @@ def test_ranked_by_step_time_and_estimates_are_consistent():
 def test_70b_on_16_dgx_h100_keeps_tp_inside_a_node():
     result = plan("70B", preset("dgx-h100", nodes=16), global_batch=1024)
     best = result.best
-    assert best.config.tp <= 8
+    assert best.layout.tp <= 8
     assert "NVLink" in best.links["tp"] and "InfiniBand" in best.links["dp"]
     text = "\n".join(result.explain())
     assert "Why TP stays inside the NVLink domain" in text and "Memory per GPU" in text
     # every layout whose TP group crosses nodes is slower than the winner
-    across = [e for e in result.candidates if e.config.tp > 8]
+    across = [e for e in result.candidates if e.layout.tp > 8]
     assert all(e.step_s > best.step_s for e in across)
 
 
@@ -146,8 +146,8 @@ def test_group_links():
 def test_more_memory_never_shrinks_the_feasible_set():
     small = _plan_small()
     big = plan("7B", replace(preset("dgx-h100", nodes=2), gpu_memory_bytes=141e9), global_batch=32)
-    labels = {e.config for e in small.candidates}
-    assert labels <= {e.config for e in big.candidates}
+    labels = {e.layout for e in small.candidates}
+    assert labels <= {e.layout for e in big.candidates}
 
 
 def test_nothing_fits_is_a_clear_error():

@@ -1,6 +1,6 @@
 """Calculators: the course's numbers, each from a formula that names its source.
 
-Pure Python, no torch: ``import distlab.calc`` is instant. Bytes, seconds and
+Pure Python and numpy (through :mod:`distlab.core.layout`), no torch. Bytes, seconds and
 FLOPs throughout; :mod:`~distlab.core.units` formats GB (1e9) and GiB (2^30).
 
 * :mod:`~distlab.calc.memory`: model-state bytes per GPU for ZeRO stages 0-3
@@ -19,7 +19,7 @@ FLOPs throughout; :mod:`~distlab.core.units` formats GB (1e9) and GiB (2^30).
   bytes and write time;
 * :mod:`~distlab.calc.transformer`: model shapes and presets (1B ... 175B);
 * :mod:`~distlab.calc.planner`: enumerate and rank 3D-parallel layouts
-  (``distlab plan``; loaded on first use: it imports numpy for the rank layout);
+  (``distlab plan``; loaded on first use: it imports the cluster topology);
 * :mod:`~distlab.calc.three_d`: what each rank of distlab's ``train_3d`` sends,
   and that layout's step time beside the planner's (imported by name).
 
@@ -52,6 +52,6 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "planner":  # imports distlab.sim.topology and numpy; loaded when first used
+    if name == "planner":  # imports distlab.sim.topology; loaded when first used
         return importlib.import_module(f"{__name__}.planner")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

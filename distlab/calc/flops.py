@@ -39,8 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from distlab.core.checks import choice, fraction, positive, positive_int
-
-RECOMPUTE_MODES = ("none", "selective", "full")
+from distlab.core.layout import RECOMPUTE_MODES
 
 
 def training_flops_per_token(n_params: float) -> float:

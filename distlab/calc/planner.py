@@ -1,7 +1,8 @@
 """Choose a 3D-parallel layout: enumerate (TP, PP, DP, ZeRO, micro-batches, recompute), rank by step time.
 
 Given a model, a cluster and a global batch (in sequences), :func:`plan`
-lists every layout that uses all GPUs (tp x pp x dp = GPUs), fits in GPU
+lists every layout (a :class:`distlab.core.layout.Layout`, the object the
+placer places and the runner runs) that uses all GPUs (tp x pp x dp = GPUs), fits in GPU
 memory (:func:`~distlab.calc.memory.peak_bytes`), and estimates its step
 time from first principles:
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from distlab.core.checks import divisors, fraction, positive, positive_int
+from distlab.core.layout import Layout
 from distlab.core.ranks import group_array
 from distlab.core.units import GB, format_seconds
 
@@ -81,40 +83,11 @@ class PlannerAssumptions:
 
 
 @dataclass(frozen=True)
-class ParallelConfig:
-    """One layout: tp x pp x dp GPUs, ZeRO stage, micro-batching, recompute, schedule."""
-
-    tp: int
-    pp: int
-    dp: int
-    zero_stage: int
-    micro_batch: int
-    micro_batches: int
-    recompute: str
-    virtual_stages: int = 1
-
-    @property
-    def sequence_parallel(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def schedule(self) -> str:
-        return "interleaved" if self.virtual_stages > 1 else "1f1b"
-
-    def label(self) -> str:
-        sched = f"interleaved v={self.virtual_stages}" if self.virtual_stages > 1 else "1F1B"
-        return (
-            f"TP={self.tp} PP={self.pp} DP={self.dp} ZeRO-{self.zero_stage} "
-            f"b={self.micro_batch} m={self.micro_batches} recompute={self.recompute}"
-            + (f" {sched}" if self.pp > 1 else "")
-        )
-
-
-@dataclass(frozen=True)
 class StepEstimate:
-    """The estimated memory and step time of one :class:`ParallelConfig` (seconds, bytes)."""
+    """The estimated memory and step time of one :class:`~distlab.core.layout.Layout`
+    (seconds, bytes)."""
 
-    config: ParallelConfig
+    layout: Layout
     memory: PeakMemory
     compute_s: float
     tp_comm_s: float
@@ -142,38 +115,37 @@ class StepEstimate:
             "total": self.memory.total,
         }
         d["bubble_fraction"] = self.bubble_fraction
-        d["label"] = self.config.label()
+        d["label"] = self.layout.label()
         return d
 
 
 def peak_memory(
-    model: ModelSpec | str, config: ParallelConfig, *, recipe: str = "mixed_adam"
+    model: ModelSpec | str, layout: Layout, *, recipe: str = "mixed_adam"
 ) -> PeakMemory:
-    """Peak memory per GPU of ``config`` for ``model``, as the planner counts it:
-    :func:`~distlab.calc.memory.peak_bytes` with the model's shape, sequence parallelism
-    whenever tp > 1, and the model's largest layer (or embedding) as FSDP's gathered unit."""
+    """Peak memory per GPU of ``layout`` for ``model``, as the planner counts it:
+    :func:`~distlab.calc.memory.peak_bytes` with the model's shape and the model's largest
+    layer (or embedding) as FSDP's gathered unit."""
     spec = model_preset(model) if isinstance(model, str) else model
     if not isinstance(spec, ModelSpec):
         raise TypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
-    if not isinstance(config, ParallelConfig):
-        raise TypeError(f"config must be a ParallelConfig, got {config!r}")
+    layout = _planned(layout)
     return peak_bytes(
         n_params=spec.n_params,
         layers=spec.layers,
         hidden=spec.hidden,
         heads=spec.heads,
         seq_len=spec.seq_len,
-        micro_batch=config.micro_batch,
-        micro_batches=config.micro_batches,
+        micro_batch=layout.micro_batch,
+        micro_batches=layout.micro_batches,
         recipe=recipe,
-        zero_stage=config.zero_stage,
-        dp=config.dp,
-        tp=config.tp,
-        pp=config.pp,
-        sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute,
-        schedule=config.schedule,
-        virtual_stages=config.virtual_stages,
+        zero_stage=layout.zero_stage,
+        dp=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute,
+        schedule=layout.pipeline_schedule,
+        virtual_stages=layout.virtual_stages,
         largest_layer_params=spec.largest_layer_params,
     )
 
@@ -215,12 +187,12 @@ class Plan:
             )
         return self.candidates[0]
 
-    def estimate_for(self, config: ParallelConfig) -> StepEstimate | None:
-        """The estimate of layout ``config`` if the planner enumerated it and it fits in
-        memory; ``None`` if it breaks one of the rules (module docstring) or does not fit."""
-        if not isinstance(config, ParallelConfig):
-            raise TypeError(f"config must be a ParallelConfig, got {config!r}")
-        return next((e for e in self.candidates if e.config == config), None)
+    def estimate_for(self, layout: Layout) -> StepEstimate | None:
+        """The estimate of ``layout`` if the planner enumerated it and it fits in memory;
+        ``None`` if it breaks one of the rules (module docstring; e.g. sequence parallelism
+        off with tp > 1) or does not fit."""
+        layout = _planned(layout)
+        return next((e for e in self.candidates if e.layout == layout), None)
 
     def explain(self) -> list[str]:
         """Why the winner wins: its memory, bubble, communication and links, in sentences."""
@@ -285,8 +257,12 @@ def plan(
                             continue
                         for rc in a.recompute:
                             enumerated += 1
-                            cfg = ParallelConfig(tp, pp, dp, zero, b, m, rc, v)
-                            est = ctx.estimate(cfg)
+                            layout = Layout(
+                                tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch=b,
+                                micro_batches=m, recompute=rc, virtual_stages=v,
+                                sequence_parallel=tp > 1,
+                            )  # fmt: skip
+                            est = ctx.estimate(layout)
                             if est is None:
                                 too_big += 1
                             else:
@@ -300,23 +276,35 @@ def plan(
 def evaluate(
     model: ModelSpec | str,
     cluster: ClusterSpec,
-    config: ParallelConfig,
+    layout: Layout,
     *,
     assumptions: PlannerAssumptions | None = None,
 ) -> StepEstimate:
-    """The estimate :func:`plan` makes for one given layout ``config``, with the same
-    formulas, whether or not it fits (compare ``.memory.total`` with the GPU's memory).
-    ``config.tp * config.pp * config.dp`` must be the cluster's GPU count."""
+    """The estimate :func:`plan` makes for one given ``layout``, with the same formulas,
+    whether or not it fits (compare ``.memory.total`` with the GPU's memory).
+    ``layout.world_size`` must be the cluster's GPU count."""
     spec = model_preset(model) if isinstance(model, str) else model
-    if not isinstance(config, ParallelConfig):
-        raise TypeError(f"config must be a ParallelConfig, got {config!r}")
-    gpus = config.tp * config.pp * config.dp
-    if gpus != cluster.world_size:
+    layout = _planned(layout)
+    if layout.world_size != cluster.world_size:
         raise ValueError(
-            f"tp*pp*dp = {config.tp}*{config.pp}*{config.dp} = {gpus} != the cluster's "
-            f"{cluster.world_size} GPUs; choose degrees whose product is the GPU count"
+            f"{layout.label()} needs tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = "
+            f"{layout.world_size} GPUs, not the cluster's {cluster.world_size}; choose degrees "
+            "whose product is the GPU count"
         )
-    return _Context(spec, cluster, assumptions or PlannerAssumptions()).estimate(config, fit=False)
+    return _Context(spec, cluster, assumptions or PlannerAssumptions()).estimate(layout, fit=False)
+
+
+def _planned(layout: Layout) -> Layout:
+    """``layout``, if it is one the planner's formulas cover: tp, pp and dp (cp and ep are
+    not estimated yet)."""
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a distlab.core.layout.Layout, got {layout!r}")
+    if layout.cp > 1 or layout.ep > 1:
+        raise ValueError(
+            f"the planner estimates tp, pp and dp only; {layout.label()} has cp={layout.cp}, "
+            f"ep={layout.ep} (use cp=1, ep=1)"
+        )
+    return layout
 
 
 class _Context:
@@ -330,26 +318,26 @@ class _Context:
         self.flops_per_token = model_flops_per_token(
             spec.n_params, layers=spec.layers, hidden=spec.hidden, seq_len=spec.seq_len
         )
-        self._links: dict[tuple[int, int, int], tuple[Link | None, ...]] = {}
+        self._links: dict[tuple[int, int, int, str], tuple[Link | None, ...]] = {}
 
-    def links(self, c: ParallelConfig) -> tuple[Link | None, Link | None, Link | None]:
+    def links(self, c: Layout) -> tuple[Link | None, Link | None, Link | None]:
         """(tp, dp, pp) links of layout ``c``: its groups from :mod:`distlab.core.ranks`
-        (:func:`~distlab.core.ranks.rank_groups`' layout, as arrays), their links from
-        :func:`distlab.sim.topology.group_link`; cached per (tp, dp, pp)."""
-        key = (c.tp, c.dp, c.pp)
+        (:func:`~distlab.core.ranks.rank_groups`' layout in ``c.order``, as arrays), their
+        links from :func:`distlab.sim.topology.group_link`; cached per (tp, dp, pp, order)."""
+        key = (c.tp, c.dp, c.pp, c.order)
         if key not in self._links:
             world, degrees = self.cluster.world_size, {"tp": c.tp, "dp": c.dp, "pp": c.pp}
             self._links[key] = tuple(
-                topology_group_link(self.cluster, group_array(world, d, **degrees))
+                topology_group_link(self.cluster, group_array(world, d, order=c.order, **degrees))
                 for d in ("tp", "dp", "pp")
             )
         return self._links[key]
 
-    def memory(self, c: ParallelConfig) -> PeakMemory:
+    def memory(self, c: Layout) -> PeakMemory:
         """Peak memory per GPU of layout ``c`` (:func:`peak_memory`)."""
         return peak_memory(self.spec, c, recipe=self.a.recipe)
 
-    def slot_seconds(self, c: ParallelConfig, tp_link, pp_link) -> tuple[float, float, float]:
+    def slot_seconds(self, c: Layout, tp_link, pp_link) -> tuple[float, float, float]:
         """(compute, TP communication, PP sends) of one micro-batch through one stage."""
         spec, s, h = self.spec, self.spec.seq_len, self.spec.hidden
         tokens = c.micro_batch * s
@@ -380,7 +368,7 @@ class _Context:
             ).time_on(pp_link)
         return compute, tp_s, pp_s
 
-    def dp_seconds(self, c: ParallelConfig, dp_link) -> float:
+    def dp_seconds(self, c: Layout, dp_link) -> float:
         """Exposed data-parallel communication per step (the ``dp_overlap`` share is hidden)."""
         if dp_link is None:
             return 0.0
@@ -394,7 +382,7 @@ class _Context:
         )
         return volume.time_on(dp_link, all_reduce="auto") * (1 - self.a.dp_overlap)
 
-    def estimate(self, c: ParallelConfig, *, fit: bool = True) -> StepEstimate | None:
+    def estimate(self, c: Layout, *, fit: bool = True) -> StepEstimate | None:
         """Step time of layout ``c``: ``(m + bubble slots)`` micro-batch slots plus the exposed
         data-parallel communication; ``None`` when it does not fit in memory (unless ``fit=False``)."""
         mem = self.memory(c)
@@ -403,8 +391,10 @@ class _Context:
         tp_link, dp_link, pp_link = self.links(c)
         compute, tp_s, pp_s = self.slot_seconds(c, tp_link, pp_link)
         slot, m = compute + tp_s + pp_s, c.micro_batches
-        bubble = bubble_fraction(c.pp, m, schedule=c.schedule, virtual_stages=c.virtual_stages,
-                                 relative_to="ideal")  # fmt: skip
+        bubble = bubble_fraction(
+            c.pp, m, schedule=c.pipeline_schedule, virtual_stages=c.virtual_stages,
+            relative_to="ideal",
+        )  # fmt: skip
         bubble_slots = bubble * m  # (pp - 1) / v idle slots per step
         dp_s = self.dp_seconds(c, dp_link)
         step = (m + bubble_slots) * slot + dp_s
@@ -449,7 +439,7 @@ def _explain(p: Plan) -> list[str]:
     )
     return [
         header,
-        f"Winner: {best.config.label()}.",
+        f"Winner: {best.layout.label()}.",
         _memory_line(p),
         _time_line(p),
         links,
@@ -485,7 +475,7 @@ def _time_line(p: Plan) -> str:
 
 
 def _why_tp_inside(p: Plan) -> str:
-    best, c, cl = p.best, p.best.config, p.cluster
+    best, c, cl = p.best, p.best.layout, p.cluster
     if c.tp == 1:
         return (
             "TP = 1: the model fits without splitting layers, so no per-layer all-reduces are paid."
@@ -510,10 +500,10 @@ def _why_tp_inside(p: Plan) -> str:
         f"{on_network / max(best.tp_comm_s, 1e-12):.0f}x longer, on the critical path of every "
         "micro-batch."
     )
-    across = [e for e in p.candidates if e.config.tp > cl.nvlink_domain_gpus]
+    across = [e for e in p.candidates if e.layout.tp > cl.nvlink_domain_gpus]
     if across:
         text += (
-            f" The fastest layout with TP across domains ({across[0].config.label()}) takes "
+            f" The fastest layout with TP across domains ({across[0].layout.label()}) takes "
             f"{_ms(across[0].step_s)} per step, {across[0].step_s / best.step_s:.2f}x the winner."
         )
     return text

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from distlab.core.checks import choice, divides, positive_int
+from distlab.core.layout import Layout
 from distlab.core.ranks import group_array
 
 from ..sim.topology import ClusterSpec, group_link
@@ -42,7 +43,7 @@ from .comm import (
     vocab_parallel_comm,
 )
 from .memory import get_recipe
-from .planner import ParallelConfig, PlannerAssumptions, StepEstimate, evaluate
+from .planner import PlannerAssumptions, StepEstimate, evaluate
 from .transformer import ModelSpec, rank_parameter_tensors
 from .volume import CommPart, CommVolume
 
@@ -282,8 +283,9 @@ def layout_step_time(
     alpha terms) and whole activations per tp rank.
     """
     a = assumptions or PlannerAssumptions()
-    config = ParallelConfig(tp, pp, dp, 0, micro_batch, micro_batches, "none")
-    estimate = evaluate(spec, cluster, config, assumptions=a)
+    layout = Layout(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, micro_batches=micro_batches,
+                    sequence_parallel=tp > 1)  # fmt: skip
+    estimate = evaluate(spec, cluster, layout, assumptions=a)
     bpe = get_recipe(a.recipe).grad_bytes
     volumes = rank_volumes(spec, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
                            micro_batches=micro_batches, bytes_per_element=bpe)  # fmt: skip
@@ -312,7 +314,7 @@ def format_layout_time(name: str, lt: LayoutTime) -> str:
         "pp": e.pp_comm_s, "dp (exposed)": e.dp_comm_s, "step": e.step_s,
     }  # fmt: skip
     fits = "fits" if lt.fits else "does NOT fit (with the planner's headroom)"
-    title = f"{name}: {e.config.label()}, {e.memory.total / 1e9:.2f} GB/GPU ({fits}), "
+    title = f"{name}: {e.layout.label()}, {e.memory.total / 1e9:.2f} GB/GPU ({fits}), "
     lines = [title + f"{e.mfu:.1%} MFU (planner)"]
     lines += [f"  planner {what:<13}{us(s)}" for what, s in planner.items()]
     lines += [

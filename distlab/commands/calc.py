@@ -406,12 +406,12 @@ def _model_from_args(args) -> ModelSpec:
     return spec
 
 
-def _schedule_name(config) -> str:
-    if config.pp == 1:
+def _schedule_name(layout) -> str:
+    if layout.pp == 1:
         return "-"
-    if config.virtual_stages > 1:
-        return f"interleaved v={config.virtual_stages}"
-    return config.schedule
+    if layout.virtual_stages > 1:
+        return f"{layout.pipeline_schedule} v={layout.virtual_stages}"
+    return layout.pipeline_schedule
 
 
 def _plan_main(args) -> int:
@@ -442,11 +442,11 @@ def _plan_main(args) -> int:
     rows = [
         [
             str(i + 1),
-            f"{e.config.tp}/{e.config.pp}/{e.config.dp}",
-            str(e.config.zero_stage),
-            f"{e.config.micro_batch} x {e.config.micro_batches}",
-            e.config.recompute,
-            _schedule_name(e.config),
+            f"{e.layout.tp}/{e.layout.pp}/{e.layout.dp}",
+            str(e.layout.zero_stage),
+            f"{e.layout.micro_batch} x {e.layout.micro_batches}",
+            e.layout.recompute,
+            _schedule_name(e.layout),
             f"{e.memory.total / GB:.1f}",
             f"{e.bubble_fraction:.1%}",
             format_seconds(e.tp_comm_s + e.pp_comm_s + e.dp_comm_s),

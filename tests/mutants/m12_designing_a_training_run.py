@@ -2,7 +2,7 @@
 
 ASSIGNMENT = "12-designing-a-training-run"
 FIRST = "    c, problems = layout, []\n"
-SEARCH_END = "    c = chosen.config\n"
+SEARCH_END = "    c = chosen.layout\n"
 
 MUTANTS = {
     "layout-problems": [
