@@ -276,6 +276,7 @@ def test_a_test_cell_that_writes_to_stderr_loses_its_points_and_says_why():
     """nbgrader scores a test cell 0 when it writes to stderr; both grading paths say so."""
     import nbformat as nbf
 
+    from distlab.grading.execute import scores
     from distlab.grading.exercise import _score
 
     outputs = [{"output_type": "stream", "name": "stderr", "text": "UserWarning: something\n"}]
@@ -283,7 +284,8 @@ def test_a_test_cell_that_writes_to_stderr_loses_its_points_and_says_why():
     cell = nbf.v4.new_code_cell("pass")
     cell.metadata = {"nbgrader": {"grade": True, "grade_id": "t", "points": 2, "locked": True}}
     cell.outputs = [nbf.from_dict(o) for o in outputs]
-    score = _score(cell, {"t": cell})
+    executed = nbf.v4.new_notebook(cells=[cell])
+    score = _score(cell, {"t": cell}, scores(executed))
     assert (score.points, score.max_points) == (0.0, 2.0) and "UserWarning" in score.failure
     cell.outputs = []
-    assert _score(cell, {"t": cell}).points == 2.0
+    assert _score(cell, {"t": cell}, scores(executed)).points == 2.0

@@ -2,9 +2,11 @@
 
 :func:`distlab.grading.whole.prepare_course` puts :class:`GuardedExecute` in place of
 nbgrader's ``Execute`` in the course directory's config, and ``distlab grade --exercise``
-runs its cut-down notebook with ``python -m distlab.grading.execute IN OUT`` (:func:`main`),
-so the learner's ``distlab grade``, one exercise and the course's tests run notebooks the
-same way. Two ways out change:
+runs its cut-down notebook with ``python -m distlab.grading.execute IN OUT --scores FILE``
+(:func:`main`; it scores the test cells there too, with nbgrader's ``determine_grade``, so
+the ``distlab grade`` process needs no nbgrader of its own), so the learner's ``distlab
+grade``, one exercise and the course's tests run notebooks the same way. Two ways out
+change:
 
 * **a cell runs past the timeout**: nbgrader interrupts it, and the cell showed the
   ``KeyboardInterrupt`` that the interrupt raised. Here its error reads
@@ -21,15 +23,19 @@ same way. Two ways out change:
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 
 import nbformat
 from nbclient.exceptions import DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
+from nbgrader.utils import determine_grade
 from traitlets import Integer
 
 from distlab.core.course import CONFIG_FILE, find_course_root
+from distlab.grading.cells import grade_id_of, is_graded
 
 DEFAULT_TIMEOUT = 120  # seconds a cell may run when the course config does not say
 
@@ -125,14 +131,24 @@ def course_timeout() -> int:
     return DEFAULT_TIMEOUT
 
 
+def scores(nb) -> dict[str, float]:
+    """grade id -> points of each test cell of an executed notebook, by nbgrader's own rule
+    (``determine_grade``: an error or any output on stderr scores 0, else full points; a
+    cell nbgrader leaves to a human grader scores 0 here, as in a report of the gradebook)."""
+    points = {grade_id_of(c): determine_grade(c)[0] for c in nb.cells if is_graded(c)}
+    return {grade_id: float(p or 0) for grade_id, p in points.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m distlab.grading.execute IN OUT [--timeout S]``: execute the notebook IN
-    as nbgrader would (errors kept, timeouts and kernel deaths reported per cell), in the
-    current folder, and write it to OUT."""
+    """``python -m distlab.grading.execute IN OUT [--timeout S] [--scores FILE]``: execute
+    the notebook IN as nbgrader would (errors kept, timeouts and kernel deaths reported per
+    cell), in the current folder, and write it to OUT; with ``--scores``, write the points
+    of its test cells (:func:`scores`) to FILE as JSON."""
     parser = argparse.ArgumentParser()
     parser.add_argument("given")
     parser.add_argument("done")
     parser.add_argument("--timeout", type=int, default=None)
+    parser.add_argument("--scores", default=None)
     args = parser.parse_args(argv)
     nb = nbformat.read(args.given, as_version=4)
     executor = GuardedExecute(
@@ -140,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     executor.preprocess(nb, {"metadata": {"path": os.getcwd()}})
     nbformat.write(nb, args.done)
+    if args.scores:
+        Path(args.scores).write_text(json.dumps(scores(nb)), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -6,16 +6,17 @@ exercise K alone, the grader keeps the cells its test cells need
 
 The cells come from the learner's notebook (their solutions, their own extra
 cells); each graded test cell is taken from the source notebook, hidden tests
-included, exactly as ``nbgrader autograde`` restores them. A test cell scores
-its points by nbgrader's own rule (no error, nothing on stderr). The cut-down notebook
-runs in a contained subprocess, ``python -m distlab.grading.execute``, with the same
-Execute step as the whole-notebook grade. ``tests/test_grading_mutants.py`` checks, for
+included, exactly as ``nbgrader autograde`` restores them. The cut-down notebook runs in
+a contained subprocess, ``python -m distlab.grading.execute``, with the same Execute step
+as the whole-notebook grade, and there each test cell scores its points by nbgrader's own
+rule (``determine_grade``: no error, nothing on stderr). ``tests/test_grading_mutants.py`` checks, for
 every exercise of the course, that the slice gives the solution full marks and the
 released stub none, as the whole-notebook grade does.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -101,19 +102,19 @@ def grade_exercise(
     test_ids = choose_tests(source, exercise)
     modified = modified_time(found.path)
     run = exercise_notebook(learner, source, test_ids)
-    executed = {} if run is None else _execute(run, found.path.parent, timeout)
-    exercises = [_score(c, executed) for c in graded_cells(source) if grade_id_of(c) in test_ids]
+    executed, points = ({}, {}) if run is None else _execute(run, found.path.parent, timeout)
+    exercises = [
+        _score(c, executed, points) for c in graded_cells(source) if grade_id_of(c) in test_ids
+    ]
     return NotebookGrade(
         found.assignment, found.notebook, exercises, path=str(found.path), modified=modified,
         note=found.note,
     )  # fmt: skip
 
 
-def _score(test_cell, executed: dict) -> ExerciseScore:
-    """The test cell's points by nbgrader's own rule (``determine_grade``: an error or any
-    output on stderr scores 0), and why it lost them."""
-    from nbgrader.utils import determine_grade
-
+def _score(test_cell, executed: dict, scores: dict[str, float]) -> ExerciseScore:
+    """The test cell's points (``scores``: what nbgrader's ``determine_grade`` gave each
+    executed test cell, see :func:`distlab.grading.execute.scores`), and why it lost them."""
     grade_id = grade_id_of(test_cell)
     points = float(test_cell.metadata["nbgrader"].get("points", 0))
     meta = test_cell.metadata.get("distlab", {})
@@ -122,7 +123,7 @@ def _score(test_cell, executed: dict) -> ExerciseScore:
         score, why, where = 0.0, MISSING_CELL, None
     else:
         outputs = executed[grade_id].get("outputs", [])
-        score = float(determine_grade(executed[grade_id])[0])
+        score = float(scores.get(grade_id, 0.0))
         why = failure(outputs) if score < points else None
         where = raised_in(outputs) if why else None
     if why and why.startswith("DeadKernelError"):
@@ -130,24 +131,30 @@ def _score(test_cell, executed: dict) -> ExerciseScore:
     return ExerciseScore(grade_id, title, score, points, why, meta.get("flashcards"), where)
 
 
-def _execute(run, folder: Path, timeout: int | None) -> dict:
+def _execute(run, folder: Path, timeout: int | None) -> tuple[dict, dict[str, float]]:
     """Run the notebook beside copies of the files in the learner's folder, in a contained
-    subprocess (nothing it starts outlives it); return each executed graded cell by grade id."""
+    subprocess (nothing it starts outlives it); return each executed graded cell by grade id,
+    and its points."""
     import nbformat
 
     with tempfile.TemporaryDirectory(prefix="distlab-exercise-") as tmp:
         given, done = Path(tmp) / "exercise.ipynb", Path(tmp) / "executed.ipynb"
+        points = Path(tmp) / "scores.json"
         nbformat.write(run, given)
         work = Path(tmp) / "work"  # like autograde: a copy of the files beside the notebook
         work.mkdir()
         for item in folder.iterdir():
             if item.is_file() and item.suffix != ".ipynb":
                 shutil.copy2(item, work / item.name)
-        command = [sys.executable, "-m", EXECUTE_MODULE, str(given), str(done)]
+        command = [
+            *(sys.executable, "-m", EXECUTE_MODULE, str(given), str(done)),
+            *("--scores", str(points)),
+        ]
         if timeout is not None:
             command += ["--timeout", str(timeout)]
         code, log = run_contained(command, work, nbgrader_env())
         if code != 0 or not done.exists():
             raise RuntimeError(f"running the exercise's cells failed ({code}):\n{log[-3000:]}")
         executed = nbformat.read(done, as_version=4)
-    return {grade_id_of(c): c for c in executed.cells if grade_id_of(c)}
+        scores = json.loads(points.read_text(encoding="utf-8"))
+    return {grade_id_of(c): c for c in executed.cells if grade_id_of(c)}, scores

@@ -14,12 +14,17 @@ database). A learner working alone has none of that, so :func:`grade_notebook` b
 3. read the points from the gradebook and the failing assertion of each test
    cell from the executed notebook.
 
+:func:`grade_notebook` runs steps 1 and 2 and reads the gradebook in one contained child
+process (:mod:`distlab.grading.nbgrader_main`): nbgrader loads once, and the ``distlab
+grade`` process itself never imports it.
+
 The same functions build the course directory that ``tests/test_course.py``
 grades, so the learner's grader and the course's tests cannot drift apart.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -43,7 +48,7 @@ from distlab.grading.cells import (
 )
 from distlab.grading.report import ExerciseScore, NotebookGrade, modified_time
 from distlab.grading.resolve import resolve_notebook
-from distlab.grading.run import run_nbgrader
+from distlab.grading.run import RESULTS, THEN, run_nbgrader
 from distlab.progress import progress_bar
 
 DEFAULT_STUDENT = "learner"
@@ -68,6 +73,16 @@ def prepare_course(
 ) -> Path:
     """Copy the config and the source notebooks of ``assignments`` (default: all) into
     ``course_dir`` and generate the released notebooks there (which fills the gradebook)."""
+    names = copy_sources(course_dir, assignments, root)
+    run_nbgrader(course_dir, *_generate(names))
+    return Path(course_dir)
+
+
+def copy_sources(
+    course_dir: str | os.PathLike, assignments: list[str] | None = None, root: str | None = None
+) -> list[str]:
+    """Copy the config (with :data:`EXECUTE_CONFIG`) and the source notebooks of
+    ``assignments`` (default: all) into ``course_dir``; return the assignments' names."""
     source_root = find_course_root(root)
     course_dir = Path(course_dir)
     names = assignment_names(source_root) if assignments is None else list(assignments)
@@ -79,9 +94,18 @@ def prepare_course(
             course_dir / SOURCE_DIR / name,
             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
         )
-    pattern = names[0] if len(names) == 1 else "*"
-    run_nbgrader(course_dir, "generate_assignment", pattern, "--create", "--force")
-    return course_dir
+    return names
+
+
+def _generate(names: list[str]) -> list[str]:
+    """The ``nbgrader generate_assignment`` arguments for ``names``."""
+    return ["generate_assignment", names[0] if len(names) == 1 else "*", "--create", "--force"]
+
+
+def _autograde(assignment: str, student: str, timeout: int | None) -> list[str]:
+    """The ``nbgrader autograde`` arguments (``timeout``: seconds a cell may run)."""
+    limit = [] if timeout is None else [f"--Execute.timeout={timeout}"]
+    return ["autograde", assignment, "--student", student, "--create", "--force", *limit]
 
 
 def submit(course_dir: str | os.PathLike, student: str, assignment: str, notebook: Path) -> Path:
@@ -102,17 +126,21 @@ def autograde(
     """Autograde every matching submission (globs allowed); return nbgrader's log.
 
     ``timeout``: seconds a cell may run (default: ``Execute.timeout`` of the config)."""
-    limit = [] if timeout is None else [f"--Execute.timeout={timeout}"]
-    return run_nbgrader(
-        course_dir, "autograde", assignment, "--student", student, "--create", "--force", *limit
-    )
+    return run_nbgrader(course_dir, *_autograde(assignment, student, timeout))
 
 
 # ---------------------------------------------------------------- read results ---
 def read_grade(
-    course_dir: str | os.PathLike, student: str, assignment: str, notebook: str
+    course_dir: str | os.PathLike,
+    student: str,
+    assignment: str,
+    notebook: str,
+    scores: dict[str, tuple[float, float]] | None = None,
 ) -> NotebookGrade:
-    """Points per graded cell from the gradebook, failures from the autograded notebook."""
+    """Points per graded cell from the gradebook, failures from the autograded notebook.
+
+    ``scores``: the gradebook's points, when they were read already (by
+    :func:`gradebook_scores`, in nbgrader's own process)."""
     import nbformat
 
     course_dir = Path(course_dir)
@@ -121,10 +149,11 @@ def read_grade(
     outputs = {grade_id_of(c): c.get("outputs", []) for c in executed.cells if grade_id_of(c)}
     source = nbformat.read(source_notebook(course_dir, assignment, notebook), as_version=4)
     info = {grade_id_of(c): c.metadata.get("distlab", {}) for c in source.cells if grade_id_of(c)}
-    grades = _gradebook_scores(course_dir, student, assignment, notebook)
+    if scores is None:
+        scores = gradebook_scores(course_dir, student, assignment, notebook)
     exercises = []
     for grade_id in [grade_id_of(c) for c in graded_cells(source)]:
-        points, max_points = grades[grade_id]
+        points, max_points = scores[grade_id]
         meta = info.get(grade_id, {})
         title = meta.get("exercise", grade_id)
         failed = points < max_points
@@ -145,7 +174,9 @@ def read_grade(
     return NotebookGrade(assignment, notebook, exercises, problems=kernel_deaths(executed))
 
 
-def _gradebook_scores(course_dir: Path, student: str, assignment: str, notebook: str):
+def gradebook_scores(
+    course_dir: Path, student: str, assignment: str, notebook: str
+) -> dict[str, tuple[float, float]]:
     """grade id -> (points, max points), from the gradebook."""
     from nbgrader.api import Gradebook
 
@@ -191,7 +222,7 @@ def grade_notebook(
     notebook = found.notebook
     with (
         tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp,
-        progress_bar(f"grading {notebook}", total=3, enabled=progress) as bar,
+        progress_bar(f"grading {notebook}", total=2, enabled=progress) as bar,
     ):
         learner = Path(tmp) / "upload" / f"{notebook}.ipynb"
         learner.parent.mkdir(parents=True, exist_ok=True)
@@ -199,16 +230,23 @@ def grade_notebook(
         modified = modified_time(learner)
         course_dir = Path(keep) if keep else Path(tmp) / "course"
         course_dir.mkdir(parents=True, exist_ok=True)
-        bar.step("building a course directory (nbgrader generate_assignment)")
-        prepare_course(course_dir, [found.assignment], root)
-        bar.advance()
+        bar.step("building a course directory")
+        copy_sources(course_dir, [found.assignment], root)
         submit(course_dir, DEFAULT_STUDENT, found.assignment, learner)
         bar.advance()
-        bar.step(f"running {notebook} and its tests (nbgrader autograde)")
-        autograde(course_dir, found.assignment, DEFAULT_STUDENT, timeout)
-        grade = read_grade(course_dir, DEFAULT_STUDENT, found.assignment, notebook)
+        bar.step(f"running {notebook} and its tests (nbgrader generate_assignment, autograde)")
+        results = Path(tmp) / "results.json"
+        run_nbgrader(
+            course_dir,
+            *(RESULTS, str(results), DEFAULT_STUDENT, found.assignment, notebook, str(learner)),
+            *(*_generate([found.assignment]), THEN),
+            *_autograde(found.assignment, DEFAULT_STUDENT, timeout),
+        )
+        read = json.loads(results.read_text(encoding="utf-8"))
+        scores = {k: tuple(v) for k, v in read["scores"].items()}
+        grade = read_grade(course_dir, DEFAULT_STUDENT, found.assignment, notebook, scores)
         bar.advance()
-        grade.edited_test_cells = edited_test_cells(learner)
+        grade.edited_test_cells = read["edited_test_cells"]
     grade.path = str(found.path)
     grade.modified = modified
     grade.note = found.note
