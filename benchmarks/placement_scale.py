@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from distlab.core.layout import Layout
 from distlab.placement import Job, place
 from distlab.placement.jobs import mixed_jobs
 from distlab.placement.scheduler import simulate
@@ -33,11 +34,11 @@ def main() -> None:
     args = parser.parse_args()
 
     big = preset("dgx-h100", nodes=12_500)  # 100,000 GPUs
-    job = Job("big", tp=8, pp=8, dp=1562)  # 99,968 GPUs
+    job = Job("big", Layout(tp=8, pp=8, dp=1562, micro_batches=8))  # 99,968 GPUs
     seconds, placement = best_of(args.repeat, lambda: place(job, big))
     score_s, score = best_of(args.repeat, placement.score)
     print(
-        f"place {job.shape()} ({job.world_size} GPUs) on {big.world_size} GPUs: "
+        f"place {job.layout.label()} ({job.layout.world_size} GPUs) on {big.world_size} GPUs: "
         f"{seconds:.3f} s (target < 1 s), order {placement.order}, "
         f"violations {len(placement.violations())}"
     )

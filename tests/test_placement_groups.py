@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distlab.placement import rank_groups
 from distlab.core.ranks import coordinates
+from distlab.placement import rank_groups
 
 
 def brute_force_groups(sizes: dict, order: list, members: list) -> list:

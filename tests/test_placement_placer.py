@@ -5,6 +5,7 @@ import pytest
 
 from distlab.calc import comm
 from distlab.calc.moe import moe_all_to_all_comm
+from distlab.core.layout import Layout
 from distlab.placement import Job, Workload, compare_placements, place, rank_groups
 from distlab.placement.cluster import ROUTE_KINDS, edge_costs, resolve_cluster
 from distlab.placement.score import (
@@ -36,7 +37,7 @@ def test_shared_nic_divides_bandwidth():
 
 def test_hierarchical_keeps_tp_in_node_and_spreads_pp_over_nodes():
     cluster = preset("dgx-h100", nodes=16)
-    p = place(Job(tp=8, pp=4, dp=4), cluster)
+    p = place(Layout(tp=8, pp=4, dp=4), cluster)
     assert p.violations() == []
     tp_nodes = p.gpu_groups("tp") // 8
     assert (tp_nodes == tp_nodes[:, :1]).all()
@@ -48,8 +49,8 @@ def test_hierarchical_keeps_tp_in_node_and_spreads_pp_over_nodes():
 
 def test_tp_time_is_the_ring_closed_form_on_nvlink():
     cluster = preset("dgx-a100", nodes=1)
-    w = Workload(layers=2, hidden=1024, seq_len=512, micro_batch=1, micro_batches=1)
-    p = place(Job(tp=8, workload=w), cluster)
+    w = Workload(layers=2, hidden=1024, seq_len=512)
+    p = place(Job("tp8", Layout(tp=8), workload=w), cluster)
     part = p.score().part("tp")
     n_bytes = 512 * 1024 * 2
     one_call = 2 * 7 * cluster.intra.alpha + 2 * 7 / 8 * n_bytes / cluster.intra.bandwidth
@@ -61,7 +62,9 @@ def test_tp_time_is_the_ring_closed_form_on_nvlink():
 
 def test_tp_across_nodes_costs_more_than_everything_hierarchical_does():
     cluster = preset("dgx-h100", nodes=8)
-    rows = {label: (pl, sc) for label, pl, sc in compare_placements(Job(tp=8, pp=2, dp=4), cluster)}
+    rows = {
+        label: (pl, sc) for label, pl, sc in compare_placements(Layout(tp=8, pp=2, dp=4), cluster)
+    }
     best = rows["hierarchical"][1]
     for label in ("TP outermost", "random"):
         placement, score = rows[label]
@@ -75,26 +78,31 @@ def test_tp_across_nodes_costs_more_than_everything_hierarchical_does():
 
 def test_order_is_chosen_by_score():
     cluster = preset("dgx-h100", nodes=8)
-    job = Job(tp=2, pp=4, dp=8)
-    chosen = place(job, cluster)
+    layout = Layout(tp=2, pp=4, dp=8, micro_batches=8)
+    chosen = place(layout.with_(order="pp-dp-ep-cp-tp"), cluster)  # the layout's order is ignored
+    assert chosen.layout == layout.with_(order=chosen.order)  # the placement carries the choice
+    totals = {}
     for order in ("tp-cp-ep-pp-dp", "tp-cp-ep-dp-pp"):
-        fixed = place(Job(tp=2, pp=4, dp=8, order=order), cluster)
-        assert chosen.score().total <= fixed.score().total + 1e-12
+        fixed = place(layout.with_(order=order), cluster, choose_order=False)
+        assert fixed.order == order
+        totals[order] = fixed.score().total
+    assert chosen.score().total == min(totals.values())
+    assert place(Job("j", chosen.layout), cluster, choose_order=False).order == chosen.order
 
 
 def test_pcie_box_keeps_tp_under_one_switch():
     cluster = preset("pcie-8gpu")
-    good = place(Job(tp=4, dp=2), cluster)
+    good = place(Layout(tp=4, dp=2), cluster)
     assert good.link_summary()["tp"] == {"pcie": 2}
-    bad = place(Job(tp=4, dp=2, order="dp-tp"), cluster, strategy="rank-order")
-    assert bad.link_summary()["tp"] == {"pcie-far": 2}
+    bad = place(Layout(tp=4, dp=2, order="dp-tp"), cluster, strategy="rank-order")
+    assert bad.link_summary()["tp"] == {"pcie-far": 2} and bad.order == "dp-tp"
     assert bad.score().part("tp").time_s > good.score().part("tp").time_s
 
 
 def test_ragged_allocation_rank_order_splits_tp_hierarchical_does_not():
     cluster = preset("dgx-h100", nodes=3)
     gpus = [0, 1, 2] + list(range(8, 13)) + list(range(16, 24))  # 3 + 5 + 8 free GPUs
-    job = Job(tp=2, dp=6)
+    job = Layout(tp=2, dp=6)
     naive = place(job, cluster, gpus=gpus, strategy="rank-order")
     assert any("TP groups span" in v for v in naive.violations())
     good = place(job, cluster, gpus=gpus)
@@ -104,18 +112,18 @@ def test_ragged_allocation_rank_order_splits_tp_hierarchical_does_not():
 
 def test_nvl72_tp_may_span_trays_inside_the_domain():
     cluster = preset("gb200-nvl72", nodes=36)  # two domains of 18 trays x 4 GPUs
-    p = place(Job(tp=8, dp=18), cluster)
+    p = place(Layout(tp=8, dp=18), cluster)
     assert p.violations() == []
     assert p.score().part("tp").slowest_link == "nvlink"
     assert len(np.unique(p.gpu_groups("tp")[0] // 4)) == 2  # one TP group, two trays
     # 72 GPUs hold four TP groups of 16, with 8 left over: 9 groups do not fit in 144 GPUs
     with pytest.raises(ValueError, match="only 128 of the 144 GPUs"):
-        place(Job(tp=16, dp=9), cluster)
+        place(Layout(tp=16, dp=9), cluster)
 
 
 def test_ep_stays_in_node_when_it_fits():
     cluster = preset("dgx-h100", nodes=4)
-    p = place(Job(tp=2, dp=16, ep=4), cluster)
+    p = place(Layout(tp=2, dp=16, ep=4), cluster)
     ep_nodes = p.gpu_groups("ep") // 8
     assert (ep_nodes == ep_nodes[:, :1]).all()
     assert p.score().part("ep").slowest_link == "nvlink"
@@ -123,11 +131,11 @@ def test_ep_stays_in_node_when_it_fits():
 
 def test_volumes_scale_with_degrees():
     w = Workload()
-    volumes = dimension_volumes(Job(tp=4, pp=2, dp=2, cp=2), w)
+    volumes = dimension_volumes(Layout(tp=4, pp=2, dp=2, cp=2, micro_batches=8), w)
     assert all(len(v.parts) == 1 for v in volumes.values())  # merged; ZeRO stage 0
     vols = {name: v.parts[0] for name, v in volumes.items()}
     assert list(vols) == ["tp", "cp", "pp", "dp"]
-    act = w.micro_batch * w.seq_len / 2 * w.hidden * w.bytes_per_value
+    act = 1 * w.seq_len / 2 * w.hidden * w.bytes_per_value  # micro-batch size 1
     assert vols["tp"].payload_bytes == act and vols["tp"].count == 4 * 16 * 8
     assert vols["pp"].count == 2 * 8 and vols["pp"].payload_bytes == act / 4  # over tp
     assert vols["dp"].payload_bytes == pytest.approx(w.params / 8 * 2)
@@ -135,39 +143,42 @@ def test_volumes_scale_with_degrees():
 
 
 @pytest.mark.parametrize(
-    ("job", "workload"),
+    ("layout", "workload"),
     [
-        (Job(tp=2, dp=8, ep=4), Workload(layers=32, hidden=4096)),
-        (Job(dp=16, ep=8), Workload(layers=8, hidden=1024, seq_len=1000, micro_batches=2)),
-        (Job(tp=2, cp=2, dp=4, pp=2, ep=8), Workload(layers=6, seq_len=777, micro_batch=3)),
+        (Layout(tp=2, dp=8, ep=4, micro_batches=8), Workload(layers=32, hidden=4096)),
+        (Layout(dp=16, ep=8, micro_batches=2), Workload(layers=8, hidden=1024, seq_len=1000)),
+        (Layout(tp=2, cp=2, dp=4, pp=2, ep=8, micro_batch=3, micro_batches=8),
+         Workload(layers=6, seq_len=777)),
     ],
-)
-def test_expert_parallel_bytes_are_the_calculators(job, workload):
+)  # fmt: skip
+def test_expert_parallel_bytes_are_the_calculators(layout, workload):
     """One formula for EP: the score prices calc.moe's all-to-alls, capacity padding included."""
     calc = moe_all_to_all_comm(
-        tokens=workload.micro_batch * -(-workload.seq_len // job.cp),
+        tokens=layout.micro_batch * -(-workload.seq_len // layout.cp),
         hidden=workload.hidden,
-        num_experts=job.ep,
-        ep=job.ep,
+        num_experts=layout.ep,
+        ep=layout.ep,
         top_k=MOE_TOP_K,
         capacity_factor=MOE_CAPACITY_FACTOR,
-        moe_layers=-(-workload.layers // job.pp),
-        micro_batches=workload.micro_batches,
+        moe_layers=-(-workload.layers // layout.pp),
+        micro_batches=layout.micro_batches,
         bytes_per_element=workload.bytes_per_value,
     )
-    assert dimension_volumes(job, workload)["ep"].total == calc.total
-    cost = place(job, preset("dgx-h100", nodes=job.world_size // 8 or 1)).score(workload)
+    assert dimension_volumes(layout, workload)["ep"].total == calc.total
+    cost = place(layout, preset("dgx-h100", nodes=layout.world_size // 8 or 1)).score(workload)
     ep = cost.part("ep")
     assert ep.bytes_sent == pytest.approx(calc.total)
     assert ep.n_bytes * ep.calls == pytest.approx(
         sum(p.payload_bytes * p.count for p in calc.parts)
     )
-    assert ep.n_bytes > workload.micro_batch * workload.seq_len / job.cp * workload.hidden * 2
+    assert ep.n_bytes > layout.micro_batch * workload.seq_len / layout.cp * workload.hidden * 2
 
 
 def test_score_prices_the_calculators_messages_and_bytes():
     """Every dimension's time per call is calc's messages x alpha + bytes sent / bandwidth."""
-    job = Job(tp=2, cp=2, dp=4, pp=2, ep=2, workload=Workload(layers=4, zero_stage=3))
+    job = Job(
+        "moe", Layout(tp=2, cp=2, dp=4, pp=2, ep=2, zero_stage=3), workload=Workload(layers=4)
+    )
     for part in place(job, preset("dgx-h100", nodes=4)).score().parts:
         rounds = 2 if part.collective == "all_reduce" else 1  # ring: (n-1) messages per round
         sent = part.bytes_sent / part.calls
@@ -190,35 +201,34 @@ def test_context_parallel_volume_is_ring_attention():
 
 def test_zero_stages_change_only_data_parallel_traffic():
     cluster = preset("dgx-h100", nodes=4)
-    job = Job(tp=8, dp=4)
-    ddp = place(job, cluster).score(Workload(zero_stage=0))
-    zero3 = place(job, cluster).score(Workload(zero_stage=3))
+    ddp = place(Layout(tp=8, dp=4, micro_batches=8), cluster).score()
+    zero3 = place(Layout(tp=8, dp=4, micro_batches=8, zero_stage=3), cluster).score()
     assert ddp.breakdown()["tp"] == zero3.breakdown()["tp"]
     assert zero3.breakdown()["dp"] > ddp.breakdown()["dp"]  # 3 x 8 micro-batches of gathers
 
 
 def test_random_placement_is_seeded():
     cluster = preset("dgx-h100", nodes=4)
-    a = place(Job(tp=4, dp=8), cluster, strategy="random", seed=3)
-    b = place(Job(tp=4, dp=8), cluster, strategy="random", seed=3)
+    a = place(Layout(tp=4, dp=8), cluster, strategy="random", seed=3)
+    b = place(Layout(tp=4, dp=8), cluster, strategy="random", seed=3)
     assert a.gpu_of_rank.tolist() == b.gpu_of_rank.tolist()
 
 
 def test_hundred_thousand_gpus_are_placed_without_violations():
     """The time (target < 1 s) is measured by benchmarks/placement_scale.py, not here."""
     cluster = preset("dgx-h100", nodes=12_500)
-    p = place(Job(tp=8, pp=8, dp=1562), cluster)
+    p = place(Layout(tp=8, pp=8, dp=1562), cluster)
     assert p.violations() == []
 
 
 @pytest.mark.parametrize(
     "job, cluster, match",
     [
-        (Job(tp=8, dp=8), preset("dgx-h100", nodes=4), "needs 64 GPUs"),
-        (Job(tp=16), preset("dgx-h100", nodes=4), "tp=16 is larger than the 8 GPUs"),
-        (Job(tp=8), preset("pcie-8gpu"), None),
-        (Job(tp=6, dp=2), preset("gb200-nvl72"), "multiple of gpus_per_node=4"),
-        (Job(tp=2, dp=4, order="dp-tp"), preset("dgx-h100"), "inside TP"),
+        (Layout(tp=8, dp=8), preset("dgx-h100", nodes=4), "needs 64 GPUs"),
+        (Layout(tp=16), preset("dgx-h100", nodes=4), "tp=16 is larger than the 8 GPUs"),
+        (Layout(tp=8), preset("pcie-8gpu"), None),
+        (Layout(tp=6, dp=2), preset("gb200-nvl72"), "multiple of gpus_per_node=4"),
+        (Layout(tp=2, dp=4, order="dp-tp"), preset("dgx-h100"), "inside TP"),
     ],
 )
 def test_bad_placements_raise_value_error(job, cluster, match):
@@ -226,18 +236,20 @@ def test_bad_placements_raise_value_error(job, cluster, match):
         assert place(job, cluster).violations() == []
         return
     with pytest.raises(ValueError, match=match):
-        place(job, cluster)
+        place(job, cluster, choose_order=False)
 
 
 def test_unknown_preset_and_bad_job():
     with pytest.raises(ValueError, match="unknown cluster preset"):
         resolve_cluster("dgx-z900")
-    with pytest.raises(ValueError, match="tp must be an integer"):
-        Job(tp=0)
-    with pytest.raises(ValueError, match="ep=3 must divide"):
-        Job(dp=4, ep=3)
+    with pytest.raises(TypeError, match="layout must be a distlab.core.layout.Layout"):
+        Job("old", {"tp": 2})
+    with pytest.raises(TypeError, match="a Job or a distlab.core.layout.Layout"):
+        place({"tp": 2}, "dgx-h100")
+    with pytest.raises(ValueError, match="min_dp"):
+        Job("elastic", Layout(dp=2), elastic=True, min_dp=3)
     with pytest.raises(ValueError, match="unknown strategy"):
-        place(Job(), "dgx-h100", strategy="best")
+        place(Layout(), "dgx-h100", strategy="best")
 
 
 def test_custom_cluster_from_dict_and_yaml(tmp_path):
@@ -246,4 +258,4 @@ def test_custom_cluster_from_dict_and_yaml(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("preset: dgx-h100\nnodes: 3\n")
     assert resolve_cluster(path).world_size == 24
-    assert place(Job(tp=4, dp=2), spec).violations() == []
+    assert place(Layout(tp=4, dp=2), spec).violations() == []

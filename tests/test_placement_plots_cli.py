@@ -5,7 +5,8 @@ import json
 import numpy as np
 
 from distlab.cli import main
-from distlab.placement import Job, compare_placements, place
+from distlab.core.layout import Layout
+from distlab.placement import compare_placements, place
 from distlab.placement.jobs import mixed_jobs
 from distlab.placement.scheduler import simulate
 from distlab.sim.topology import preset
@@ -18,7 +19,7 @@ from distlab.viz.placement_plots import (
 
 
 def test_placement_grid_colours_each_tp_group_alike():
-    p = place(Job(tp=4, pp=2, dp=2), preset("dgx-h100", nodes=2))
+    p = place(Layout(tp=4, pp=2, dp=2), preset("dgx-h100", nodes=2))
     fig = plot_placement(p, color_by=("tp",))
     image = fig.axes[0].images[0].get_array()
     assert image.shape == (2, 8)
@@ -29,13 +30,13 @@ def test_placement_grid_colours_each_tp_group_alike():
 
 
 def test_unused_gpus_are_masked():
-    p = place(Job(tp=2, dp=3), preset("dgx-h100", nodes=1))
+    p = place(Layout(tp=2, dp=3), preset("dgx-h100", nodes=1))
     image = plot_placement(p, color_by=("dp",)).axes[0].images[0].get_array()
     assert np.ma.getmaskarray(image)[0, 6:].all() and not np.ma.getmaskarray(image)[0, :6].any()
 
 
 def test_comparison_and_schedule_figures():
-    rows = compare_placements(Job(tp=8, dp=2), preset("dgx-h100", nodes=2))
+    rows = compare_placements(Layout(tp=8, dp=2), preset("dgx-h100", nodes=2))
     fig = plot_comm_comparison(rows)
     heights = [bar.get_height() for bar in fig.axes[0].patches]
     assert max(heights) > 5 * min(h for h in heights if h > 0)
@@ -51,6 +52,9 @@ def test_place_command_prints_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["violations"] == [] and len(out["ranks"]) == 16
     assert out["ranks"][8] == {"rank": 8, "node": 1, "gpu": 0}
+    fixed = ["place", "--nodes", "2", "--tp", "2", "--pp", "2", "--dp", "4", "--json"]
+    assert main([*fixed, "--order", "tp-cp-ep-pp-dp"]) == 0
+    assert json.loads(capsys.readouterr().out)["order"] == "tp-cp-ep-pp-dp"  # kept, not chosen
 
 
 def test_schedule_command_and_bad_input(capsys):

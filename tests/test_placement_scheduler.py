@@ -1,9 +1,9 @@
 """The event-driven scheduler: gang starts, checkpoints, preemption, failures, elasticity, policies."""
 
-
 import numpy as np
 import pytest
 
+from distlab.core.layout import Layout
 from distlab.placement.allocate import allocate, stranded_fraction
 from distlab.placement.jobs import Job, mixed_jobs
 from distlab.placement.scheduler import NodeEvent, random_failures, simulate
@@ -17,7 +17,7 @@ def rec(result, name):
 
 
 def test_run_time_includes_periodic_checkpoints():
-    job = Job("a", tp=8, duration_s=3600, checkpoint_interval_s=1000, checkpoint_s=60)
+    job = Job("a", Layout(tp=8), duration_s=3600, checkpoint_interval_s=1000, checkpoint_s=60)
     r = simulate([job], TWO_NODES)
     # 3600 s of work, saves after 1000, 2000, 3000 s: three saves of 60 s
     assert rec(r, "a").end_s == pytest.approx(3600 + 3 * 60)
@@ -25,9 +25,9 @@ def test_run_time_includes_periodic_checkpoints():
 
 
 def test_gang_scheduling_waits_for_all_gpus():
-    small = Job("small", tp=8, duration_s=1000, checkpoint_interval_s=5000)
-    big = Job("big", tp=8, dp=2, duration_s=500, submit_s=10, checkpoint_interval_s=5000)
-    filler = Job("filler", tp=8, duration_s=2000, checkpoint_interval_s=5000)
+    small = Job("small", Layout(tp=8), duration_s=1000, checkpoint_interval_s=5000)
+    big = Job("big", Layout(tp=8, dp=2), duration_s=500, submit_s=10, checkpoint_interval_s=5000)
+    filler = Job("filler", Layout(tp=8), duration_s=2000, checkpoint_interval_s=5000)
     r = simulate([small, filler, big], TWO_NODES, preemption=False)
     assert rec(r, "big").first_start_s == pytest.approx(2000)  # needs both nodes at once
     assert rec(r, "big").wait_s == pytest.approx(1990)
@@ -36,15 +36,19 @@ def test_gang_scheduling_waits_for_all_gpus():
 def test_preemption_loses_work_since_last_checkpoint_and_pays_restart():
     low = Job(
         "low",
-        tp=8,
-        dp=2,
+        Layout(tp=8, dp=2),
         duration_s=10_000,
         checkpoint_interval_s=1000,
         checkpoint_s=10,
         restart_s=100,
     )
     high = Job(
-        "high", tp=8, dp=2, priority=1, submit_s=2500, duration_s=500, checkpoint_interval_s=5000
+        "high",
+        Layout(tp=8, dp=2),
+        priority=1,
+        submit_s=2500,
+        duration_s=500,
+        checkpoint_interval_s=5000,
     )
     r = simulate([low, high], TWO_NODES)
     lo, hi = rec(r, "low"), rec(r, "high")
@@ -59,10 +63,10 @@ def test_preemption_loses_work_since_last_checkpoint_and_pays_restart():
 
 def test_lowest_priority_victim_is_chosen_and_equal_priority_never_preempts():
     jobs = [
-        Job("p0", tp=8, priority=0, duration_s=5000),
-        Job("p1", tp=8, priority=1, duration_s=5000),
-        Job("p2", tp=8, priority=2, submit_s=100, duration_s=100),
-        Job("p1b", tp=8, priority=1, submit_s=300, duration_s=100),
+        Job("p0", Layout(tp=8), priority=0, duration_s=5000),
+        Job("p1", Layout(tp=8), priority=1, duration_s=5000),
+        Job("p2", Layout(tp=8), priority=2, submit_s=100, duration_s=100),
+        Job("p1b", Layout(tp=8), priority=1, submit_s=300, duration_s=100),
     ]
     r = simulate(jobs, TWO_NODES)
     assert rec(r, "p2").first_start_s == 100
@@ -70,8 +74,8 @@ def test_lowest_priority_victim_is_chosen_and_equal_priority_never_preempts():
     assert rec(r, "p0").preemptions == 2 and rec(r, "p1").preemptions == 0
     assert rec(r, "p1b").first_start_s == 300
     equal = [
-        Job("a", tp=8, dp=2, priority=1, duration_s=500),
-        Job("b", tp=8, priority=1, submit_s=10),
+        Job("a", Layout(tp=8, dp=2), priority=1, duration_s=500),
+        Job("b", Layout(tp=8), priority=1, submit_s=10),
     ]
     r = simulate(equal, TWO_NODES)
     assert rec(r, "a").preemptions == 0 and rec(r, "b").first_start_s == 500
@@ -80,8 +84,7 @@ def test_lowest_priority_victim_is_chosen_and_equal_priority_never_preempts():
 def test_node_failure_requeues_a_rigid_job():
     job = Job(
         "rigid",
-        tp=8,
-        dp=2,
+        Layout(tp=8, dp=2),
         duration_s=4000,
         checkpoint_interval_s=1000,
         checkpoint_s=0,
@@ -99,8 +102,7 @@ def test_elastic_job_shrinks_then_grows_back():
     cluster = preset("dgx-h100", nodes=4)
     job = Job(
         "el",
-        tp=8,
-        dp=4,
+        Layout(tp=8, dp=4),
         duration_s=8000,
         checkpoint_interval_s=1000,
         checkpoint_s=0,
@@ -123,14 +125,21 @@ def test_elastic_job_shrinks_then_grows_back():
 
 def test_infeasible_jobs_wait_with_a_reason_and_others_run():
     jobs = [
-        Job("huge", tp=8, dp=4),
-        Job("wide", tp=16),
-        Job("ok", tp=8, duration_s=100),
+        Job("huge", Layout(tp=8, dp=4)),
+        Job("wide", Layout(tp=16)),
+        Job("ok", Layout(tp=8), duration_s=100),
     ]
     r = simulate(jobs, TWO_NODES)
     assert rec(r, "huge").state == "infeasible" and "needs 32 GPUs" in rec(r, "huge").reason
     assert rec(r, "wide").state == "infeasible" and "tp=16" in rec(r, "wide").reason
     assert rec(r, "ok").state == "done"
+
+
+def test_bare_layouts_are_jobs_with_default_scheduling():
+    r = simulate([Layout(tp=8), Layout(tp=8, dp=2)], TWO_NODES)
+    assert [x.job.name for x in r.records] == ["job0", "job1"]
+    assert [x.job.layout.world_size for x in r.records] == [8, 16]
+    assert all(x.state == "done" for x in r.records)
 
 
 def test_whole_simulation_accounts_every_gpu_second():
@@ -141,7 +150,7 @@ def test_whole_simulation_accounts_every_gpu_second():
     s = r.stats()
     assert s.completed == len(jobs) and s.preemptions > 0 and s.failures_hit > 0
     for x in r.records:
-        assert x.useful_gpu_s == pytest.approx(x.job.duration_s * x.job.world_size)
+        assert x.useful_gpu_s == pytest.approx(x.job.duration_s * x.job.layout.world_size)
         busy = sum((end - start) * gpus for start, end, gpus, _ in x.segments)
         spent = x.useful_gpu_s + x.lost_preemption_gpu_s + x.lost_failure_gpu_s
         assert busy == pytest.approx(spent + x.restart_gpu_s + x.checkpoint_gpu_s)

@@ -6,8 +6,10 @@ import json
 from dataclasses import asdict
 
 from distlab.core.checks import cli, nonnegative, nonnegative_int, positive
+from distlab.core.layout import Layout
+from distlab.core.ranks import DEFAULT_ORDER
 from distlab.placement.cluster import resolve_cluster
-from distlab.placement.jobs import Job, Workload, mixed_jobs
+from distlab.placement.jobs import mixed_jobs
 from distlab.placement.placer import STRATEGIES, compare_placements, place
 from distlab.placement.scheduler import random_failures, simulate
 
@@ -18,7 +20,10 @@ def register(subparsers) -> None:
     for dim in ("tp", "pp", "dp", "cp", "ep"):
         p.add_argument(f"--{dim}", type=int, default=1, help=f"{dim} degree (default 1)")
     p.add_argument(
-        "--order", default=None, help="rank order, e.g. tp-cp-ep-dp-pp (default: chosen by score)"
+        "--order",
+        default=None,
+        help=f"rank order, e.g. {DEFAULT_ORDER} (default: chosen by score; {DEFAULT_ORDER} "
+        "for the rank-order and random strategies)",
     )
     p.add_argument("--strategy", default="hierarchical", choices=STRATEGIES)
     p.add_argument(
@@ -27,6 +32,12 @@ def register(subparsers) -> None:
         help="score hierarchical, rank order, TP outermost, random",
     )
     p.add_argument("--zero-stage", type=int, default=0, help="ZeRO stage for the DP traffic (0-3)")
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=8,
+        help="micro-batches per replica per step (default 8)",
+    )
     p.add_argument("--seed", type=cli(nonnegative_int, integer=True), default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_place)
@@ -57,10 +68,12 @@ def _cluster_args(parser, *, nodes: int | None) -> None:
 
 def _place(args) -> int:
     cluster = resolve_cluster(args.cluster, nodes=args.nodes)
-    job = Job(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, order=args.order)
-    workload = Workload(zero_stage=args.zero_stage)
+    layout = Layout(
+        tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, zero_stage=args.zero_stage,
+        micro_batches=args.micro_batches, order=args.order or DEFAULT_ORDER,
+    )  # fmt: skip
     if args.compare:
-        rows = compare_placements(job, cluster, seed=args.seed, workload=workload)
+        rows = compare_placements(layout, cluster, seed=args.seed)
         if args.json:
             out = [
                 {
@@ -76,9 +89,11 @@ def _place(args) -> int:
         else:
             _print_comparison(rows)
         return 0
-    placement = place(job, cluster, strategy=args.strategy, seed=args.seed, workload=workload)
+    placement = place(
+        layout, cluster, strategy=args.strategy, choose_order=args.order is None, seed=args.seed
+    )
     if args.json:
-        score = placement.score(workload)
+        score = placement.score()
         print(
             json.dumps(
                 {
@@ -95,7 +110,7 @@ def _place(args) -> int:
             )
         )
     else:
-        print(placement.explain(workload))
+        print(placement.explain())
     return 0
 
 

@@ -1,55 +1,45 @@
-"""A training job as the placer and the scheduler see it: its parallel shape and its life.
+"""A training job as the placer and the scheduler see it: its layout, its model and its life.
 
-:class:`Workload` is the model and batch the communication score needs
-(layers, hidden size, sequence length, micro-batches); :class:`Job` adds the
-parallel degrees, and what the scheduler needs: priority, submit time, run
-time, checkpoint interval and costs, and whether data parallelism is elastic.
+A :class:`~distlab.core.layout.Layout` holds the degrees (tp, cp, ep, pp, dp),
+the rank order and the settings that set the traffic (micro-batch size and
+count, ZeRO stage), validated there once. :class:`Workload` is the model whose
+size sets the communication volumes (layers, hidden size, sequence length);
+:class:`Job` puts a name, a layout and a workload together with what the
+scheduler needs: priority, submit time, run time, checkpoint interval and
+costs, and whether data parallelism is elastic. :func:`~distlab.placement.place`
+and the scheduler take a ``Job`` or a bare ``Layout`` (:func:`as_job`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from distlab.core.checks import int_in, positive_int
-from distlab.core.ranks import DEFAULT_ORDER, check_degrees, parse_order
+from distlab.core.layout import Layout
 
 
 @dataclass(frozen=True)
 class Workload:
-    """The model and batch that set communication volumes (defaults: a 7B-class GPT).
+    """The model whose size sets communication volumes (defaults: a 7B-class GPT).
 
     ``n_params`` defaults to the transformer blocks' ``12 * layers * hidden**2``
     (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
-    GPU Clusters Using Megatron-LM", Section 5.1, without embeddings).
-    ``micro_batches`` is per data-parallel replica per step;
-    ``bytes_per_value`` = 2 for bf16 activations and gradients;
-    ``zero_stage`` 0 (DDP) to 3 (FSDP) sets the data-parallel traffic.
+    GPU Clusters Using Megatron-LM", Section 5.1, without embeddings);
+    ``bytes_per_value`` = 2 for bf16 activations and gradients. How the model is
+    run (micro-batches, ZeRO stage) is the job's :class:`~distlab.core.layout.Layout`.
     """
 
     layers: int = 32
     hidden: int = 4096
     seq_len: int = 4096
-    micro_batch: int = 1
-    micro_batches: int = 8
     n_params: float | None = None
     bytes_per_value: int = 2
-    zero_stage: int = 0
 
     def __post_init__(self) -> None:
-        for name in (
-            "layers",
-            "hidden",
-            "seq_len",
-            "micro_batch",
-            "micro_batches",
-            "bytes_per_value",
-        ):
-            value = getattr(self, name)
-            positive_int(f"Workload.{name}", value)
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"Workload.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        for name in ("layers", "hidden", "seq_len", "bytes_per_value"):
+            positive_int(f"Workload.{name}", getattr(self, name))
         if self.n_params is not None and not self.n_params > 0:
             raise ValueError(f"Workload.n_params must be > 0, got {self.n_params!r}")
 
@@ -61,12 +51,11 @@ class Workload:
 
 @dataclass(frozen=True)
 class Job:
-    """One training job: parallel degrees plus what a scheduler needs to know.
+    """One training job: a name, its :class:`~distlab.core.layout.Layout`, its
+    :class:`Workload`, and what a scheduler needs to know.
 
-    ``world_size = tp * cp * dp * pp`` GPUs; ``ep`` re-splits ``cp * dp`` for the
-    MoE layers (Megatron-core convention, see :mod:`distlab.core.ranks`).
-    ``order``: rank layout (first name varies fastest); ``None`` lets
-    :func:`~distlab.placement.place` choose.
+    ``layout`` holds the degrees (``layout.world_size = tp * cp * dp * pp`` GPUs; ``ep``
+    re-splits ``cp * dp``, see :mod:`distlab.core.ranks`) and the rank order.
 
     Scheduling (seconds): ``duration_s`` of work at full data parallelism,
     a checkpoint every ``checkpoint_interval_s`` of work costing ``checkpoint_s``,
@@ -75,13 +64,8 @@ class Job:
     Higher ``priority`` wins.
     """
 
-    name: str = "job"
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    ep: int = 1
-    order: str | None = None
+    name: str
+    layout: Layout
     workload: Workload = field(default_factory=Workload)
     priority: int = 0
     submit_s: float = 0.0
@@ -93,11 +77,11 @@ class Job:
     min_dp: int = 1
 
     def __post_init__(self) -> None:
-        check_degrees(
-            self.world_size_of(self), tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep
-        )
-        if self.order is not None:
-            parse_order(self.order)
+        if not isinstance(self.layout, Layout):
+            raise TypeError(
+                f"job {self.name!r}: layout must be a distlab.core.layout.Layout, "
+                f"got {self.layout!r}"
+            )
         for name in ("duration_s", "checkpoint_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(
@@ -108,41 +92,17 @@ class Job:
                 raise ValueError(
                     f"job {self.name!r}: {name} must be >= 0 seconds, got {getattr(self, name)!r}"
                 )
-        int_in(f"job {self.name!r}: min_dp (at most dp)", self.min_dp, 1, self.dp)
+        int_in(f"job {self.name!r}: min_dp (at most dp)", self.min_dp, 1, self.layout.dp)
 
-    @staticmethod
-    def world_size_of(job: Job) -> int:
-        for name in ("tp", "pp", "dp", "cp", "ep"):
-            value = getattr(job, name)
-            positive_int(f"job {job.name!r}: {name}", value)
-        return job.tp * job.cp * job.dp * job.pp
 
-    @property
-    def world_size(self) -> int:
-        """GPUs the job needs: ``tp * cp * dp * pp``."""
-        return self.tp * self.cp * self.dp * self.pp
-
-    @property
-    def replica_gpus(self) -> int:
-        """GPUs of one data-parallel replica: ``tp * cp * pp``."""
-        return self.tp * self.cp * self.pp
-
-    @property
-    def rank_order(self) -> str:
-        """``order``, or Megatron-core's default ``"tp-cp-ep-dp-pp"`` when none was chosen."""
-        return self.order or DEFAULT_ORDER
-
-    def degrees(self) -> dict[str, int]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep}
-
-    def with_dp(self, dp: int) -> Job:
-        """The same job with another data-parallel degree (elastic resize)."""
-        return replace(self, dp=dp, min_dp=min(self.min_dp, dp))
-
-    def shape(self) -> str:
-        """``"tp2 pp4 dp8"``-style summary of the degrees that are not 1."""
-        parts = [f"{k}{v}" for k, v in self.degrees().items() if v > 1]
-        return " ".join(parts) or "1 GPU"
+def as_job(job: Job | Layout, name: str = "job") -> Job:
+    """``job`` itself, or a bare :class:`~distlab.core.layout.Layout` as a :class:`Job`
+    called ``name`` with the default workload and scheduling."""
+    if isinstance(job, Layout):
+        return Job(name, job)
+    if not isinstance(job, Job):
+        raise TypeError(f"expected a Job or a distlab.core.layout.Layout, got {job!r}")
+    return job
 
 
 #: (probability, tp, pp, dp) of the mixed workload's shapes, for 8-GPU nodes.
@@ -194,9 +154,7 @@ def mixed_jobs(
         jobs.append(
             Job(
                 name=f"job{i:04d}",
-                tp=min(tp, gpus_per_node),
-                pp=pp,
-                dp=dp,
+                layout=Layout(tp=min(tp, gpus_per_node), pp=pp, dp=dp),
                 priority=int(priorities[i]),
                 submit_s=float(max(arrivals[i], 0.0)),
                 duration_s=float(durations[i]),

@@ -11,8 +11,16 @@ each dimension talks (Narayanan et al. 2021, Section 3.3; :func:`~distlab.placem
 2. **CP, then EP** next (EP stays in the node when ``tp * ep`` fits there);
 3. **PP and DP** across nodes. The issue's rule puts DP outermost
    (``tp-cp-ep-pp-dp``); Megatron-core's default puts PP outermost
-   (``tp-cp-ep-dp-pp``). With ``order=None`` :func:`place` scores both and keeps
-   the cheaper, so the numbers, not a rule, decide.
+   (``tp-cp-ep-dp-pp``). :func:`place` scores both and keeps the cheaper, so the
+   numbers, not a rule, decide.
+
+What is placed is a :class:`~distlab.core.layout.Layout` (bare, or inside a
+:class:`~distlab.placement.jobs.Job`), and the layout's ``order`` is the rank
+order. The hierarchical placer *chooses* the order by default
+(``choose_order=True``): the layout's own order is then ignored, and the
+:class:`Placement` holds the job with the chosen order
+(``placement.layout.order``), ready to hand to the runner. ``choose_order=False``
+keeps the layout's order; ``"rank-order"`` and ``"random"`` always keep it.
 
 Strategies: ``"hierarchical"`` (the rules above; TP groups never straddle a
 node: nodes with a ragged number of free GPUs give only whole TP groups),
@@ -22,20 +30,21 @@ and ``"random"`` (a seeded shuffle). :func:`compare_placements` scores them side
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
+from distlab.core.layout import Layout
 from distlab.core.ranks import DEFAULT_ORDER, grid_groups, parse_order
 from distlab.sim.topology import ClusterSpec
 
 from .cluster import ROUTE_KINDS, edge_costs, nvlink_group_limit, resolve_cluster
-from .jobs import Job, Workload
+from .jobs import Job, Workload, as_job
 from .score import CommScore, score_groups
 
 STRATEGIES = ("hierarchical", "rank-order", "random")
-#: Orders :func:`place` tries when the job does not fix one: DP outermost first (the issue's rule).
+#: Orders :func:`place` tries when it chooses the order: DP outermost first (the issue's rule).
 HIERARCHICAL_ORDERS = ("tp-cp-ep-pp-dp", DEFAULT_ORDER)
 #: The deliberately bad layout :func:`compare_placements` shows: TP varies slowest.
 TP_OUTERMOST_ORDER = "pp-dp-ep-cp-tp"
@@ -43,13 +52,23 @@ TP_OUTERMOST_ORDER = "pp-dp-ep-cp-tp"
 
 @dataclass(frozen=True, eq=False)
 class Placement:
-    """Where each rank of ``job`` runs: ``gpu_of_rank[r]`` is a global GPU id of ``cluster``."""
+    """Where each rank of ``job`` runs: ``gpu_of_rank[r]`` is a global GPU id of ``cluster``,
+    ranks numbered in ``job.layout.order``."""
 
     job: Job
     cluster: ClusterSpec
-    order: str
     strategy: str
     gpu_of_rank: np.ndarray
+
+    @property
+    def layout(self) -> Layout:
+        """The job's layout, with the rank order this placement uses."""
+        return self.job.layout
+
+    @property
+    def order(self) -> str:
+        """The rank order (first name varies fastest): ``layout.order``."""
+        return self.job.layout.order
 
     # -- where ranks are -------------------------------------------------------------
     def location(self, rank: int) -> tuple[int, int]:
@@ -80,7 +99,7 @@ class Placement:
 
     @cached_property
     def _rank_grids(self) -> dict[str, np.ndarray]:
-        return rank_grids(self.job, self.order)
+        return rank_grids(self.job.layout)
 
     # -- checks, score, words ------------------------------------------------------------
     def violations(self) -> list[str]:
@@ -88,7 +107,8 @@ class Placement:
         problems = []
         limit = nvlink_group_limit(self.cluster)
         g = self.cluster.gpus_per_node
-        container = g if self.job.tp <= g else limit
+        layout = self.job.layout
+        container = g if layout.tp <= g else limit
         tp = self.gpu_groups("tp") // container
         split = int((tp != tp[:, :1]).any(axis=1).sum())
         if split:
@@ -97,7 +117,7 @@ class Placement:
                 f"{split} of {len(tp)} TP groups span more than one {where}: their all-reduces "
                 f"leave NVLink"
             )
-        if self.job.ep > 1 and self.job.tp * self.job.ep <= g:
+        if layout.ep > 1 and layout.tp * layout.ep <= g:
             ep = self.gpu_groups("ep") // g
             split = int((ep != ep[:, :1]).any(axis=1).sum())
             if split:
@@ -107,9 +127,10 @@ class Placement:
         return problems
 
     def score(self, workload: Workload | None = None) -> CommScore:
-        """Estimated communication seconds per step (see :mod:`distlab.placement.score`)."""
+        """Estimated communication seconds per step (see :mod:`distlab.placement.score`) of the
+        job's workload, or of ``workload`` if given."""
         grids = {key: self.gpu_of_rank[grid] for key, grid in self._rank_grids.items()}
-        return score_groups(self.cluster, grids, self.job, workload)
+        return score_groups(self.cluster, grids, self.job.layout, workload or self.job.workload)
 
     def link_summary(self) -> dict[str, dict[str, int]]:
         """Per dimension, how many of its groups have their slowest hop on each route kind."""
@@ -129,7 +150,7 @@ class Placement:
         """What went where, which links each dimension uses, what broke, and the score."""
         job, c = self.job, self.cluster
         head = (
-            f"{job.name}: {job.shape()} = {job.world_size} GPUs on {c.name} "
+            f"{job.name}: {job.layout.label()} = {job.layout.world_size} GPUs on {c.name} "
             f"({c.nodes} nodes x {c.gpus_per_node} GPUs; NVLink group limit {nvlink_group_limit(c)})"
         )
         how = (
@@ -154,11 +175,13 @@ class Placement:
         return "\n".join(lines)
 
 
-def rank_grids(job: Job, order: str) -> dict[str, np.ndarray]:
-    """:func:`~distlab.placement.rank_groups` as integer arrays (the fast path for big jobs)."""
-    names = parse_order(order)
-    dense = {"tp": job.tp, "cp": job.cp, "ep": 1, "dp": job.dp, "pp": job.pp}
-    expert = {"tp": job.tp, "cp": 1, "ep": job.ep, "dp": job.cp * job.dp // job.ep, "pp": job.pp}
+def rank_grids(layout: Layout) -> dict[str, np.ndarray]:
+    """:func:`~distlab.placement.rank_groups` of ``layout`` (in its order) as integer arrays
+    (the fast path for big jobs)."""
+    names = parse_order(layout.order)
+    t, c, e, d, p = layout.tp, layout.cp, layout.ep, layout.dp, layout.pp
+    dense = {"tp": t, "cp": c, "ep": 1, "dp": d, "pp": p}
+    expert = {"tp": t, "cp": 1, "ep": e, "dp": c * d // e, "pp": p}
     grids = {dim: grid_groups(names, dense, [dim]) for dim in ("tp", "cp", "dp", "pp")}
     grids["dp-cp"] = grid_groups(names, dense, ["dp", "cp"])
     grids["ep"] = grid_groups(names, expert, ["ep"])
@@ -167,46 +190,64 @@ def rank_grids(job: Job, order: str) -> dict[str, np.ndarray]:
 
 
 def place(
-    job: Job,
+    job: Job | Layout,
     cluster: ClusterSpec | str | dict,
     *,
     gpus: list[int] | np.ndarray | None = None,
     strategy: str = "hierarchical",
+    choose_order: bool = True,
     seed: int = 0,
     workload: Workload | None = None,
 ) -> Placement:
-    """Map every rank of ``job`` to a GPU of ``cluster`` (optionally only among ``gpus``).
+    """Map every rank of ``job`` (a :class:`Job`, or a bare :class:`~distlab.core.layout.Layout`)
+    to a GPU of ``cluster`` (optionally only among ``gpus``).
+
+    ``"hierarchical"`` with ``choose_order=True`` scores the orders of
+    :data:`HIERARCHICAL_ORDERS` for ``workload`` (default: the job's) and keeps the
+    cheaper: the returned placement's ``layout.order`` is the one chosen. With
+    ``choose_order=False``, and for ``"rank-order"`` and ``"random"``, the layout's
+    own order numbers the ranks.
 
     Raises ``ValueError`` when the job needs more GPUs than it is given, when
     TP is larger than a node / NVLink domain, or (``"hierarchical"``) when the
-    job's ``order`` puts another dimension inside TP. ``"rank-order"`` and
+    layout's order, kept, puts another dimension inside TP. ``"rank-order"`` and
     ``"random"`` place anything that fits and say what broke in
     :meth:`Placement.explain`.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; allowed: {STRATEGIES}")
+    job = as_job(job)
+    layout = job.layout
     cluster = resolve_cluster(cluster)
     available = _available(cluster, gpus)
     _check_fits(job, cluster, len(available))
+    world = layout.world_size
     if strategy == "rank-order":
-        return Placement(job, cluster, job.rank_order, strategy, available[: job.world_size].copy())
+        return Placement(job, cluster, strategy, available[:world].copy())
     if strategy == "random":
-        chosen = np.random.default_rng(seed).permutation(available)[: job.world_size]
-        return Placement(job, cluster, job.rank_order, strategy, chosen)
-    slots = whole_tp_slots(cluster, np.sort(available), job.tp)
-    if len(slots) < job.world_size:
+        chosen = np.random.default_rng(seed).permutation(available)[:world]
+        return Placement(job, cluster, strategy, chosen)
+    slots = whole_tp_slots(cluster, np.sort(available), layout.tp)
+    if len(slots) < world:
         raise ValueError(
-            f"job {job.name!r} needs {job.world_size} GPUs in whole TP groups of {job.tp}, but only "
+            f"job {job.name!r} needs {world} GPUs in whole TP groups of {layout.tp}, but only "
             f"{len(slots)} of the {len(available)} GPUs given can hold whole groups "
-            f"(nodes with a free GPU count that is not a multiple of tp={job.tp} leave some over)"
+            f"(nodes with a free GPU count that is not a multiple of tp={layout.tp} leave some over)"
         )
-    slots = slots[: job.world_size]
-    if job.order is not None:
+    slots = slots[:world]
+    if not choose_order:
         _check_tp_innermost(job)
-        return Placement(job, cluster, job.order, strategy, slots)
-    candidates = [Placement(job, cluster, order, strategy, slots) for order in HIERARCHICAL_ORDERS]
+        return Placement(job, cluster, strategy, slots)
+    candidates = [
+        Placement(with_order(job, order), cluster, strategy, slots) for order in HIERARCHICAL_ORDERS
+    ]
     totals = [p.score(workload).total for p in candidates]
     return candidates[int(np.argmin(totals))]
+
+
+def with_order(job: Job, order: str) -> Job:
+    """``job`` with its layout's rank order set to ``order``."""
+    return replace(job, layout=job.layout.with_(order=order))
 
 
 def whole_tp_slots(cluster: ClusterSpec, gpus: np.ndarray, tp: int) -> np.ndarray:
@@ -228,23 +269,26 @@ def whole_tp_slots(cluster: ClusterSpec, gpus: np.ndarray, tp: int) -> np.ndarra
 
 
 def compare_placements(
-    job: Job,
+    job: Job | Layout,
     cluster: ClusterSpec | str | dict,
     *,
     gpus: list[int] | np.ndarray | None = None,
     seed: int = 0,
     workload: Workload | None = None,
 ) -> list[tuple[str, Placement, CommScore]]:
-    """Score the same job placed four ways: hierarchical, rank order (Megatron's default
-    order on the GPUs as given), TP outermost, and random. Returns ``(label, placement, score)``."""
+    """Score the same job placed four ways: hierarchical (order chosen), rank order
+    (Megatron's default order on the GPUs as given), TP outermost, and random (Megatron's
+    order). Returns ``(label, placement, score)``; the layout's own order is not used."""
+    job = as_job(job)
     cluster = resolve_cluster(cluster)
-    base = Job(**{**job.__dict__, "order": None})
-    rows = [("hierarchical", place(base, cluster, gpus=gpus, workload=workload))]
-    megatron = Job(**{**job.__dict__, "order": DEFAULT_ORDER})
-    rows.append(("rank order", place(megatron, cluster, gpus=gpus, strategy="rank-order")))
-    bad = Job(**{**job.__dict__, "order": TP_OUTERMOST_ORDER})
-    rows.append(("TP outermost", place(bad, cluster, gpus=gpus, strategy="rank-order")))
-    rows.append(("random", place(megatron, cluster, gpus=gpus, strategy="random", seed=seed)))
+    megatron = with_order(job, DEFAULT_ORDER)
+    rows = [
+        ("hierarchical", place(job, cluster, gpus=gpus, workload=workload)),
+        ("rank order", place(megatron, cluster, gpus=gpus, strategy="rank-order")),
+        ("TP outermost", place(with_order(job, TP_OUTERMOST_ORDER), cluster, gpus=gpus,
+                               strategy="rank-order")),
+        ("random", place(megatron, cluster, gpus=gpus, strategy="random", seed=seed)),
+    ]  # fmt: skip
     return [(label, p, p.score(workload)) for label, p in rows]
 
 
@@ -264,36 +308,37 @@ def _available(cluster: ClusterSpec, gpus) -> np.ndarray:
 
 
 def _check_fits(job: Job, cluster: ClusterSpec, n_available: int) -> None:
-    if job.world_size > cluster.world_size:
+    layout = job.layout
+    if layout.world_size > cluster.world_size:
         raise ValueError(
-            f"job {job.name!r} needs {job.world_size} GPUs ({job.shape()}) but cluster "
+            f"job {job.name!r} needs {layout.world_size} GPUs ({layout.label()}) but cluster "
             f"{cluster.name!r} has {cluster.world_size} ({cluster.nodes} nodes x {cluster.gpus_per_node})"
         )
-    if job.world_size > n_available:
+    if layout.world_size > n_available:
         raise ValueError(
-            f"job {job.name!r} needs {job.world_size} GPUs but only {n_available} were given"
+            f"job {job.name!r} needs {layout.world_size} GPUs but only {n_available} were given"
         )
     limit = nvlink_group_limit(cluster)
-    if job.tp > limit:
+    if layout.tp > limit:
         raise ValueError(
-            f"job {job.name!r}: tp={job.tp} is larger than the {limit} GPUs of one "
+            f"job {job.name!r}: tp={layout.tp} is larger than the {limit} GPUs of one "
             f"{'NVLink domain' if cluster.intra_kind == 'switch' else 'node'} of {cluster.name!r}; "
             f"a TP group must stay on NVLink (allowed: tp <= {limit})"
         )
     g = cluster.gpus_per_node
-    if job.tp > g and job.tp % g:
+    if layout.tp > g and layout.tp % g:
         raise ValueError(
-            f"job {job.name!r}: tp={job.tp} spans nodes of an NVLink domain, so it must be a "
+            f"job {job.name!r}: tp={layout.tp} spans nodes of an NVLink domain, so it must be a "
             f"multiple of gpus_per_node={g}"
         )
 
 
 def _check_tp_innermost(job: Job) -> None:
-    names = parse_order(job.order)
-    inside = [n for n in names[: names.index("tp")] if job.degrees()[n] > 1]
+    names = parse_order(job.layout.order)
+    inside = [n for n in names[: names.index("tp")] if getattr(job.layout, n) > 1]
     if inside:
         raise ValueError(
-            f"job {job.name!r}: order {job.order!r} puts {inside} inside TP, so TP groups would "
+            f"job {job.name!r}: order {job.layout.order!r} puts {inside} inside TP, so TP groups would "
             f"straddle nodes; hierarchical placement needs tp first (use strategy='rank-order' "
             f"to measure what that costs)"
         )

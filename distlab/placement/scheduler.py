@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distlab.core.layout import Layout
 from distlab.sim.topology import ClusterSpec
 
 from .allocate import (
@@ -51,7 +52,7 @@ from .allocate import (
     take,
 )
 from .cluster import nvlink_group_limit, resolve_cluster
-from .jobs import Job
+from .jobs import Job, as_job
 from .records import JobRecord, TimelinePoint
 from .stats import ScheduleStats, schedule_stats
 
@@ -143,9 +144,12 @@ class Scheduler:
                 )
 
     # -- the loop -----------------------------------------------------------------------------
-    def run(self, jobs: list[Job]) -> ScheduleResult:
+    def run(self, jobs: list[Job | Layout]) -> ScheduleResult:
         """Simulate until every job is done or infeasible, or no event is left (then jobs that
-        cannot run stay queued with a reason); failures after the last job ends are not replayed."""
+        cannot run stay queued with a reason); failures after the last job ends are not replayed.
+        A bare :class:`~distlab.core.layout.Layout` is the job ``f"job{i}"`` with the default
+        scheduling (:func:`~distlab.placement.jobs.as_job`)."""
+        jobs = [as_job(job, name=f"job{i}") for i, job in enumerate(jobs)]
         names = [j.name for j in jobs]
         if len(set(names)) != len(names):
             raise ValueError("job names must be unique")
@@ -201,14 +205,14 @@ class Scheduler:
         self.waiting.add(idx)
 
     def _infeasible(self, job: Job) -> str:
-        c, limit = self.cluster, nvlink_group_limit(self.cluster)
-        smallest = job.tp * job.cp * job.pp * (job.min_dp if job.elastic else job.dp)
+        c, limit, tp = self.cluster, nvlink_group_limit(self.cluster), job.layout.tp
+        smallest = _replica_gpus(job) * (job.min_dp if job.elastic else job.layout.dp)
         if smallest > c.world_size:
             return f"needs {smallest} GPUs, the cluster has {c.world_size}"
-        if job.tp > limit:
-            return f"tp={job.tp} exceeds the {limit} GPUs that share NVLink on {c.name}"
-        if job.tp > self.g and job.tp % self.g:
-            return f"tp={job.tp} spans nodes, so it must be a multiple of {self.g}"
+        if tp > limit:
+            return f"tp={tp} exceeds the {limit} GPUs that share NVLink on {c.name}"
+        if tp > self.g and tp % self.g:
+            return f"tp={tp} spans nodes, so it must be a multiple of {self.g}"
         return ""
 
     def _finish(self, t: float, run: _Run) -> None:
@@ -216,7 +220,7 @@ class Scheduler:
         self._close_segment(t, run, finished=True)
         rec.state, rec.end_s, rec.work_done_s = "done", t, rec.job.duration_s
         self.unsettled -= 1
-        self._release(run.slots, rec.job.tp)
+        self._release(run.slots, rec.job.layout.tp)
         del self.running[run.idx]
 
     def _fail(self, t: float, node: int) -> None:
@@ -228,13 +232,13 @@ class Scheduler:
             rec.failures += 1
             self._close_segment(t, run, lost_to="failure")
             job = rec.job
-            per_replica = job.cp * job.pp
+            per_replica = _groups_per_replica(job)
             replicas = [run.slots[k * per_replica : (k + 1) * per_replica] for k in range(run.dp)]
             keep = [r for r in replicas if all(node not in s for s in r)]
             dp_left = _valid_dp(job, len(keep))
             if job.elastic and dp_left >= job.min_dp:
                 for dropped in keep[dp_left:] + [r for r in replicas if r not in keep]:
-                    self._release([s for s in dropped], job.tp)
+                    self._release([s for s in dropped], job.layout.tp)
                 rec.resizes += 1
                 run.slots = [s for r in keep[:dp_left] for s in r]
                 run.dp = dp_left
@@ -254,24 +258,24 @@ class Scheduler:
         for idx in sorted(self.waiting, key=self._queue_key):
             rec = self.records[idx]
             job = rec.job
-            if job.tp not in capacity:
-                capacity[job.tp] = self._capacity(job.tp)
-            per_replica = job.cp * job.pp
-            fits = capacity[job.tp] // per_replica
-            dp = job.dp if fits >= job.dp else (_valid_dp(job, fits) if job.elastic else 0)
-            if dp >= (job.min_dp if job.elastic else job.dp) and dp > 0:
+            tp, full_dp, world = job.layout.tp, job.layout.dp, job.layout.world_size
+            if tp not in capacity:
+                capacity[tp] = self._capacity(tp)
+            fits = capacity[tp] // _groups_per_replica(job)
+            dp = full_dp if fits >= full_dp else (_valid_dp(job, fits) if job.elastic else 0)
+            if dp >= (job.min_dp if job.elastic else full_dp) and dp > 0:
                 self._start(t, idx, dp)
                 capacity.clear()
                 continue
-            key = (job.priority, job.tp, job.world_size)
+            key = (job.priority, tp, world)
             if self.preemption and key not in failed_preemptions:
                 if self._preempt_for(t, idx):
                     capacity.clear()
                     continue
                 failed_preemptions.add(key)
             rec.reason = (
-                f"waiting for {job.world_size} GPUs in TP groups of {job.tp}: "
-                f"{capacity.get(job.tp, 0)} such groups are free, {job.world_size // job.tp} needed"
+                f"waiting for {world} GPUs in TP groups of {tp}: "
+                f"{capacity.get(tp, 0)} such groups are free, {world // tp} needed"
             )
         self._grow(t)
         self._record(t)
@@ -284,16 +288,16 @@ class Scheduler:
         return group_capacity(self.free, tp, self.g, self.cluster.nvlink_domain_nodes)
 
     def _allocate(self, free: np.ndarray, job: Job, dp: int) -> list[Slot] | None:
-        n_groups = job.cp * job.pp * dp
+        n_groups = _groups_per_replica(job) * dp
         return allocate(
-            free, n_groups, job.tp, self.g, self.cluster.nvlink_domain_nodes, self.policy
+            free, n_groups, job.layout.tp, self.g, self.cluster.nvlink_domain_nodes, self.policy
         )
 
     def _start(self, t: float, idx: int, dp: int) -> None:
         rec = self.records[idx]
         slots = self._allocate(self.free, rec.job, dp)
         assert slots is not None  # capacity was checked
-        take(self.free, slots, rec.job.tp, self.g)
+        take(self.free, slots, rec.job.layout.tp, self.g)
         self.waiting.discard(idx)
         rec.wait_s += t - rec.queued_since
         if rec.first_start_s is None:
@@ -316,14 +320,14 @@ class Scheduler:
         free = self.free.copy()
         chosen = []
         for run in victims:
-            self._release(run.slots, self.records[run.idx].job.tp, free)
+            self._release(run.slots, self.records[run.idx].job.layout.tp, free)
             chosen.append(run)
-            if self._allocate(free, job, job.dp) is not None:
+            if self._allocate(free, job, job.layout.dp) is not None:
                 for victim in chosen:
                     self.records[victim.idx].preemptions += 1
                     self._close_segment(t, victim, lost_to="preemption")
                     self._stop(t, victim, reason=f"requeued: preempted by {job.name!r}")
-                self._start(t, idx, job.dp)
+                self._start(t, idx, job.layout.dp)
                 return True
         return False
 
@@ -331,13 +335,14 @@ class Scheduler:
         top = max((self.records[w].job.priority for w in self.waiting), default=None)
         for run in list(self.running.values()):
             job = self.records[run.idx].job
-            if run.dp == job.dp or (top is not None and top >= job.priority):
+            if run.dp == job.layout.dp or (top is not None and top >= job.priority):
                 continue
-            extra = _valid_dp(job, run.dp + self._capacity(job.tp) // (job.cp * job.pp)) - run.dp
+            spare = self._capacity(job.layout.tp) // _groups_per_replica(job)
+            extra = _valid_dp(job, run.dp + spare) - run.dp
             if extra <= 0:
                 continue
             slots = self._allocate(self.free, job, extra)
-            take(self.free, slots, job.tp, self.g)
+            take(self.free, slots, job.layout.tp, self.g)
             self._close_segment(t, run)  # planned: checkpoint now, nothing lost
             rec = self.records[run.idx]
             rec.resizes += 1
@@ -350,7 +355,7 @@ class Scheduler:
         job = rec.job
         self.seq += 1  # a fresh epoch: FINISH events of earlier segments become stale
         run.t0, run.overhead, run.epoch = t, overhead, self.seq
-        compute = (job.duration_s - rec.work_done_s) / (run.dp / job.dp)
+        compute = (job.duration_s - rec.work_done_s) / (run.dp / job.layout.dp)
         saves = max(0, math.ceil(compute / job.checkpoint_interval_s - 1e-9) - 1)
         self._push(t + overhead + compute + saves * job.checkpoint_s, FINISH, (run.idx, run.epoch))
 
@@ -373,7 +378,7 @@ class Scheduler:
 
     def _gpus(self, run: _Run) -> int:
         job = self.records[run.idx].job
-        return len(run.slots) * job.tp
+        return len(run.slots) * job.layout.tp
 
     def _close_segment(
         self, t: float, run: _Run, lost_to: str | None = None, finished=False
@@ -383,11 +388,11 @@ class Scheduler:
         job, gpus = rec.job, self._gpus(run)
         computed, saved, saving = self._progress(t, run)
         if finished:
-            computed = (job.duration_s - rec.work_done_s) * job.dp / run.dp
+            computed = (job.duration_s - rec.work_done_s) * job.layout.dp / run.dp
             saving = t - run.t0 - run.overhead - computed
             saved = computed
         kept = saved if lost_to else computed
-        rec.work_done_s += kept * run.dp / job.dp
+        rec.work_done_s += kept * run.dp / job.layout.dp
         rec.useful_gpu_s += kept * gpus
         rec.checkpoint_gpu_s += saving * gpus
         rec.restart_gpu_s += min(t - run.t0, run.overhead) * gpus
@@ -399,7 +404,7 @@ class Scheduler:
 
     def _stop(self, t: float, run: _Run, reason: str) -> None:
         rec = self.records[run.idx]
-        self._release(run.slots, rec.job.tp)
+        self._release(run.slots, rec.job.layout.tp)
         del self.running[run.idx]
         rec.state, rec.reason, rec.queued_since = "waiting", reason, t
         self.waiting.add(run.idx)
@@ -413,7 +418,7 @@ class Scheduler:
                     free[node] += per_node
 
     def _record(self, t: float) -> None:
-        tps = [self.records[i].job.tp for i in self.waiting]
+        tps = [self.records[i].job.layout.tp for i in self.waiting]
         busy = sum(self._gpus(r) for r in self.running.values())
         point = TimelinePoint(
             time_s=t,
@@ -429,16 +434,26 @@ class Scheduler:
             self.timeline.append(point)
 
 
+def _groups_per_replica(job: Job) -> int:
+    """TP groups in one data-parallel replica: ``cp * pp``."""
+    return job.layout.cp * job.layout.pp
+
+
+def _replica_gpus(job: Job) -> int:
+    """GPUs of one data-parallel replica: ``tp * cp * pp``."""
+    return job.layout.tp * _groups_per_replica(job)
+
+
 def _valid_dp(job: Job, replicas: int) -> int:
-    """The largest data-parallel degree <= min(replicas, job.dp) that ``ep`` still divides."""
-    for dp in range(min(replicas, job.dp), 0, -1):
-        if (job.cp * dp) % job.ep == 0:
+    """The largest data-parallel degree <= min(replicas, job.layout.dp) that ``ep`` still divides."""
+    for dp in range(min(replicas, job.layout.dp), 0, -1):
+        if (job.layout.cp * dp) % job.layout.ep == 0:
             return dp
     return 0
 
 
 def simulate(
-    jobs: list[Job],
+    jobs: list[Job | Layout],
     cluster: ClusterSpec | str | dict,
     *,
     policy: str = "best-fit",

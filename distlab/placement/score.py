@@ -35,9 +35,10 @@ import numpy as np
 
 from distlab.calc import comm, moe
 from distlab.calc.volume import CommVolume
+from distlab.core.layout import Layout
 
 from .cluster import ROUTE_KINDS, edge_costs
-from .jobs import Job, Workload
+from .jobs import Workload
 
 #: Collectives priced as a ring in the GPUs' topology order.
 RING_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -49,16 +50,19 @@ MOE_TOP_K = 1
 MOE_CAPACITY_FACTOR = 1.25
 
 
-def dimension_volumes(job: Job, workload: Workload | None = None) -> dict[str, CommVolume]:
-    """The calculator's volume of each dimension of ``job`` whose degree is > 1, keyed
-    ``"tp"``, ``"cp"``, ``"ep"``, ``"pp"``, ``"dp"``; parts of one collective and size are
-    merged into one part (their counts added, their names joined).
+def dimension_volumes(layout: Layout, workload: Workload | None = None) -> dict[str, CommVolume]:
+    """The calculator's volume of each dimension of ``layout`` whose degree is > 1, keyed
+    ``"tp"``, ``"cp"``, ``"ep"``, ``"pp"``, ``"dp"``, for the model ``workload`` (default:
+    :class:`Workload`'s 7B-class GPT) run with the layout's micro-batch size, micro-batch
+    count and ZeRO stage; parts of one collective and size are merged into one part
+    (their counts added, their names joined).
 
     One pipeline stage holds ``ceil(L / pp)`` layers (the busiest stage sets the
     pace) and each context-parallel rank ``ceil(s / cp)`` tokens of the sequence.
 
     * TP: :func:`distlab.calc.comm.tensor_parallel_comm` (four all-reduces of
-      ``b s h B`` per layer and micro-batch; Shoeybi et al. 2019, Section 3);
+      ``b s h B`` per layer and micro-batch, six with full recomputation; Shoeybi et
+      al. 2019, Section 3);
     * CP: :func:`distlab.calc.comm.context_parallel_comm` (ring attention's K/V blocks);
     * EP: :func:`distlab.calc.moe.moe_all_to_all_comm` (four all-to-alls of the
       padded ``E x C x h`` buffer per layer and micro-batch; :data:`MOE_TOP_K`,
@@ -66,46 +70,51 @@ def dimension_volumes(job: Job, workload: Workload | None = None) -> dict[str, C
     * PP: :func:`distlab.calc.comm.pipeline_parallel_comm` (``b s h B / tp`` per
       micro-batch each way; Narayanan et al. 2021, Section 4.1);
     * DP: :func:`distlab.calc.comm.data_parallel_comm` over the ``dp x cp`` ranks
-      that hold the same weights, with the workload's ZeRO stage.
+      that hold the same weights, with the layout's ZeRO stage.
     """
-    w = workload or job.workload
-    layers = math.ceil(w.layers / job.pp)
-    tokens = math.ceil(w.seq_len / job.cp)
-    m = w.micro_batches
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a distlab.core.layout.Layout, got {layout!r}")
+    w = workload or Workload()
+    layers = math.ceil(w.layers / layout.pp)
+    tokens = math.ceil(w.seq_len / layout.cp)
+    m = layout.micro_batches
     shape = {
         "seq_len": tokens,
-        "micro_batch": w.micro_batch,
+        "micro_batch": layout.micro_batch,
         "hidden": w.hidden,
         "bytes_per_element": w.bytes_per_value,
     }
     volumes: dict[str, CommVolume] = {}
-    if job.tp > 1:
+    if layout.tp > 1:
         volumes["tp"] = comm.tensor_parallel_comm(
-            **shape, layers=layers, tp=job.tp, micro_batches=m
-        )
-    if job.cp > 1:
+            **shape, layers=layers, tp=layout.tp, micro_batches=m,
+            sequence_parallel=layout.sequence_parallel, recompute=layout.recompute,
+        )  # fmt: skip
+    if layout.cp > 1:
         volumes["cp"] = comm.context_parallel_comm(
-            **shape, layers=layers, cp=job.cp, micro_batches=m
+            **shape, layers=layers, cp=layout.cp, micro_batches=m
         )
-    if job.ep > 1:
+    if layout.ep > 1:
         volumes["ep"] = moe.moe_all_to_all_comm(
-            tokens=w.micro_batch * tokens,
+            tokens=layout.micro_batch * tokens,
             hidden=w.hidden,
-            num_experts=job.ep,
-            ep=job.ep,
+            num_experts=layout.ep,
+            ep=layout.ep,
             top_k=MOE_TOP_K,
             capacity_factor=MOE_CAPACITY_FACTOR,
             moe_layers=layers,
             micro_batches=m,
             bytes_per_element=w.bytes_per_value,
         )
-    if job.pp > 1:
-        volumes["pp"] = comm.pipeline_parallel_comm(**shape, micro_batches=m, pp=job.pp, tp=job.tp)
-    if job.dp * job.cp > 1:
+    if layout.pp > 1:
+        volumes["pp"] = comm.pipeline_parallel_comm(
+            **shape, micro_batches=m, pp=layout.pp, tp=layout.tp
+        )
+    if layout.dp * layout.cp > 1:
         volumes["dp"] = comm.data_parallel_comm(
-            w.params / (job.tp * job.pp),
-            dp=job.dp * job.cp,
-            zero_stage=w.zero_stage,
+            w.params / (layout.tp * layout.pp),
+            dp=layout.dp * layout.cp,
+            zero_stage=layout.zero_stage,
             bytes_per_param=w.bytes_per_value,
             bytes_per_grad=w.bytes_per_value,
             micro_batches=m,
@@ -171,14 +180,14 @@ class CommScore:
 
 
 def score_groups(
-    cluster, gpu_groups: dict[str, np.ndarray], job: Job, workload: Workload | None = None
+    cluster, gpu_groups: dict[str, np.ndarray], layout: Layout, workload: Workload | None = None
 ) -> CommScore:
     """Score a placement given each dimension's groups as GPU ids (``(n_groups, size)`` arrays).
 
     ``gpu_groups`` needs the keys ``"tp"``, ``"cp"``, ``"ep"``, ``"pp"`` and ``"dp-cp"``.
     """
     parts = []
-    for dimension, volume in dimension_volumes(job, workload).items():
+    for dimension, volume in dimension_volumes(layout, workload).items():
         groups = np.asarray(gpu_groups["dp-cp" if dimension == "dp" else dimension])
         parts += [_dimension_cost(cluster, dimension, part, groups) for part in volume.parts]
     return CommScore(tuple(parts))

@@ -41,7 +41,7 @@ def plot_placement(
     fig = Figure(figsize=(3.2 * len(color_by) + 0.5, 0.45 * len(nodes) + 1.4), layout="constrained")
     axes = fig.subplots(1, len(color_by), squeeze=False)[0]
     for ax, dim in zip(axes, color_by, strict=True):
-        key = "dp-cp" if dim == "dp" and placement.job.cp > 1 else dim
+        key = "dp-cp" if dim == "dp" and placement.layout.cp > 1 else dim
         groups = placement.gpu_groups(key)
         colour = np.full((len(nodes), g), np.nan)
         label = np.full((len(nodes), g), -1)
@@ -63,7 +63,9 @@ def plot_placement(
         ax.set_xticks(range(g))
         ax.set_yticks(range(len(nodes)), [f"node {n}" for n in nodes])
         ax.set_xlabel("GPU in node")
-    fig.suptitle(f"{placement.job.shape()} on {placement.cluster.name} (order {placement.order})")
+    fig.suptitle(
+        f"{placement.layout.label()} on {placement.cluster.name} (order {placement.order})"
+    )
     return fig
 
 
