@@ -112,13 +112,21 @@ def _measure_on_rank(rank: int, world_size: int, jobs, seed: int) -> list[tuple[
 
 
 def measure_plans(
-    plans: list[Plan], sizes: dict[str, int], mesh: dict[str, int], *, seed: int = 0
+    plans: list[Plan],
+    sizes: dict[str, int] | list[dict[str, int]],
+    mesh: dict[str, int],
+    *,
+    seed: int = 0,
 ) -> list[PlanMeasurement]:
-    """Run every plan (one launch, ``n`` ranks for a mesh ``{axis: n}``) on the same
-    operands of ``sizes``; one :class:`PlanMeasurement` per plan, in order. The plans'
-    byte counts must have been made for ``sizes`` and 4-byte elements (float32)."""
+    """Run every plan (one launch, ``n`` ranks for a mesh ``{axis: n}``) on operands of
+    ``sizes`` (one dict for all plans, or one per plan); one :class:`PlanMeasurement` per
+    plan, in order. The plans' byte counts must have been made for those sizes and 4-byte
+    elements (float32)."""
     _, n = one_axis_mesh(mesh)
-    per_rank = run(_measure_on_rank, n, args=([(p, sizes) for p in plans], seed))
+    per_plan = sizes if isinstance(sizes, list) else [sizes] * len(plans)
+    if len(per_plan) != len(plans):
+        raise ValueError(f"{len(plans)} plans but {len(per_plan)} dicts of sizes")
+    per_rank = run(_measure_on_rank, n, args=(list(zip(plans, per_plan)), seed))
     measured = []
     for index, plan in enumerate(plans):
         errors, sent = zip(*(rank_results[index] for rank_results in per_rank))
