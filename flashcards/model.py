@@ -62,6 +62,7 @@ NOTEBOOK_FOLDERS = (
     "10-checkpointing-and-elasticity",
     "11-scaling-and-compilers",
     "12-designing-a-training-run",
+    "13-sharded-matmuls-and-overlap",
 )
 DEFAULT_REL_TOL = 1e-3
 DECK_ENV_VAR = "DISTLAB_FLASHCARDS_DECK"
