@@ -178,3 +178,18 @@ def test_prose_names_no_source_a_learner_never_saw(name):
         if UNSEEN_SOURCES.search(text)
     }
     assert not bad, f"{name}: markdown refers to documents a learner never saw: {bad}"
+
+
+def test_notebook_07_runs_context_parallelism_and_tp_dropout_from_the_library():
+    """Issues 26 and 29: Ulysses, the K/V all-gather and the RNG tracker are imported from
+    distlab, not written inline (no collective called by hand in a code cell)."""
+    nb = nbformat.read(NOTEBOOKS["07-tensor-and-sequence-parallelism"], as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for module, names in {
+        "distlab.parallel.ulysses": ("Ulysses", "ulysses_attention"),
+        "distlab.parallel.context_gather": ("KVGather", "all_gather_attention"),
+        "distlab.parallel.tensor.rng": ("RNGTracker", "tensor_parallel_masks"),
+    }.items():
+        imported = re.search(rf"from {re.escape(module)} import ([^\n]+)", code)
+        assert imported and all(n in imported.group(1) for n in names), module
+    assert not re.search(r"\ball_to_all\(", code), "an all-to-all written inline"
