@@ -132,7 +132,7 @@ def test_report_lists_points_failures_and_review_commands():
     assert "were edited (b)" in report
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1800)  # a whole grade and three exercises: slow on a busy machine
 def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
     """End to end through the CLI: one exercise solved, one test cell gutted by the learner."""
     learner = nbformat.read(RELEASED, as_version=4)
@@ -159,6 +159,30 @@ def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
     raisers = {e["grade_id"]: e["raised_in"] for e in result["exercises"]}
     assert raisers["test-accumulate-gradients"] == "accumulate_gradients"  # the learner's stub
     assert raisers["test-bytes-per-parameter"] is None
+
+    # One exercise at a time (issue 24 §4): the points nbgrader gave it in the whole notebook
+    for number, whole in enumerate(result["exercises"], 1):
+        alone = grading.grade_exercise(path, number).exercises
+        assert [(e.grade_id, e.points, e.max_points) for e in alone] == [
+            (whole["grade_id"], whole["points"], whole["max_points"])
+        ], f"exercise {number} alone"
+        assert (alone[0].failure is None) == (whole["failure"] is None)
+        assert alone[0].raised_in == whole["raised_in"]
+
+
+def test_a_new_gradebook_gets_the_schema_version_nbgrader_would_give_it(monkeypatch):
+    """nbgrader_main reads the alembic head in process; nbgrader asks a new `alembic heads`."""
+    import os
+    import sys
+
+    from nbgrader.api import get_alembic_version
+
+    from distlab.grading.nbgrader_main import alembic_head, split_commands
+
+    bin_dir = os.path.dirname(sys.executable)  # where `alembic` is installed
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    assert alembic_head() == get_alembic_version()
+    assert split_commands(["a", "1", "--then", "b", "--then"]) == [["a", "1"], ["b"]]
 
 
 def test_find_a_notebook_by_path_from_course_or_by_name(tmp_path, monkeypatch):
