@@ -40,9 +40,10 @@ sys.path.insert(0, str(TESTS))
 from test_compose import BATCH, CASES, OPTIMIZER
 
 ACTIVATION_NOTE = (
-    "activations: calc is Korthikanti et al.'s 16-bit layer with dropout masks and s x s scores; "
-    "the run keeps fp32 tensors, no dropout, the embedding/logits/loss too, and under CP every "
-    "K/V block the ring passed (autograd), so the two differ by design; the ratio is printed"
+    "peak activations differ by design: calc is Korthikanti et al.'s 16-bit GPT layer (dropout\n"
+    "masks, s x s scores, nothing else); the run keeps fp32 tensors (x2), no dropout masks, the\n"
+    "embedding, logits and loss, the ring's every K/V block under CP (autograd keeps them) and\n"
+    "the MoE layers' E x C x h dispatch buffers (not in the dense formula)"
 )
 
 

@@ -9,8 +9,9 @@ and pipeline messages, plus the ring's K/V messages under ``"cp"``) equal
 :func:`distlab.calc.layout_comm.layout_comm` for that rank exactly; the model-state bytes
 equal :func:`distlab.calc.layout_comm.layout_model_state`.
 
-Without torch: :func:`distlab.calc.three_d.three_d_comm` (the old train_3d mirror) is the
-same count on TP x PP x DP layouts, plus what train_3d reported outside the step.
+Without torch: :func:`distlab.calc.three_d.three_d_comm` (the train_3d mirror, now a call of
+layout_comm) is layout_comm's count on TP x PP x DP layouts plus only what train_3d sends
+outside the step (ZeRO-1's one-time broadcast, the loss average).
 """
 
 from __future__ import annotations

@@ -129,16 +129,23 @@ def stage_layers(layout: Layout, stage: int, layers: int) -> list[int]:
     return out
 
 
-def _gpt_layer_modules(spec: ModelSpec, tp: int) -> list[tuple[str, tuple[int, ...]]]:
-    """One tensor-parallel GPT layer's modules (LayerNorm, q, k, v, proj, LayerNorm, fc1, fc2),
-    each (weight, bias), cut from :func:`~distlab.calc.transformer.rank_parameter_tensors`."""
-    if spec.gated_mlp or not spec.biases or spec.norm != "layernorm":
-        raise ValueError(f"{spec.name}: only distlab's GPT layers (biases, LayerNorm, GeLU MLP)")
-    one_layer = ModelSpec(spec.name, 1, spec.hidden, spec.heads, spec.vocab, spec.seq_len,
-                          ffn_hidden=spec.ffn_hidden, kv_heads=spec.kv_heads)  # fmt: skip
-    tensors = rank_parameter_tensors(one_layer, tp=tp)[2:-2]  # drop tok, pos; ln_f
-    names = ("ln1", "attn.q", "attn.k", "attn.v", "attn.proj", "ln2", "mlp.fc1", "mlp.fc2")
-    return [(n, tuple(tensors[2 * i : 2 * i + 2])) for i, n in enumerate(names)]
+def _layer_modules(spec: ModelSpec, tp: int) -> list[tuple[str, tuple[int, ...]]]:
+    """One tensor-parallel layer's modules owning parameters, in order (norm, q, k, v, proj,
+    norm, fc1 (gate and up when gated), fc2), each its (weight[, bias]) or norm tensors,
+    cut from :func:`~distlab.calc.transformer.rank_parameter_tensors`."""
+    one_layer = replace(spec, layers=1, tied_embeddings=True)
+    tensors = rank_parameter_tensors(one_layer, tp=tp)
+    norm = 2 if spec.norm == "layernorm" else 1
+    linear = 2 if spec.biases else 1
+    layer = tensors[1 + int(spec.learned_positions) : len(tensors) - norm]
+    fc1 = ["mlp.gate", "mlp.up"] if spec.gated_mlp else ["mlp.fc1"]
+    names = ["ln1", "attn.q", "attn.k", "attn.v", "attn.proj", "ln2", *fc1, "mlp.fc2"]
+    modules, at = [], 0
+    for name in names:
+        n = norm if name.startswith("ln") else linear
+        modules.append((name, tuple(layer[at : at + n])))
+        at += n
+    return modules
 
 
 def rank_modules(
@@ -154,7 +161,7 @@ def rank_modules(
     unless it is the tied embedding on the same rank (pp = 1)."""
     h, t, p, v = spec.hidden, layout.tp, layout.pp, layout.virtual_stages
     embedding = -(-spec.vocab // t) * h
-    layer = _gpt_layer_modules(spec, t)
+    layer = _layer_modules(spec, t)
     modules: list[RankModule] = []
     per_chunk = spec.layers // (p * v)
     for chunk in range(v):
@@ -172,7 +179,8 @@ def rank_modules(
                     f"num_experts={moe.num_experts} is not divisible by ep={layout.ep}"
                 )
             f = moe.ffn_hidden or 4 * h
-            modules += [RankModule(f"blocks.{i}.{n}", ts) for n, ts in layer[:6]]
+            attention = [(n, ts) for n, ts in layer if not n.startswith("mlp.")]
+            modules += [RankModule(f"blocks.{i}.{n}", ts) for n, ts in attention]
             modules.append(RankModule(f"blocks.{i}.mlp.router", (moe.num_experts * h,)))
             for e in range(moe.num_experts // layout.ep):
                 name = f"blocks.{i}.mlp.experts.{e}"
@@ -181,7 +189,7 @@ def rank_modules(
         if j == p * v - 1:
             if not spec.tied_embeddings or p > 1:
                 modules.append(RankModule("head", (embedding,)))
-            modules.append(RankModule("ln_f", (h, h)))
+            modules.append(RankModule("ln_f", (h,) * (2 if spec.norm == "layernorm" else 1)))
     return modules
 
 
@@ -230,7 +238,10 @@ def tensor_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: in
                            activation, m))  # fmt: skip
         parts += tuple(p for p in vocab if p.what.startswith("loss"))
     h = spec.hidden
-    marked = len(layers) * 6 * h + (spec.seq_len * h if first else 0) + (2 * h if last else 0)
+    norm = 2 if spec.norm == "layernorm" else 1  # norms and row-parallel biases per layer:
+    per_layer = 2 * norm * h + (2 * h if spec.biases else 0)
+    positions = spec.seq_len * h if first and spec.learned_positions else 0
+    marked = len(layers) * per_layer + positions + (norm * h if last else 0)
     parts += (CommPart("sequence-parallel gradients all-reduce (flat)", "all_reduce", t,
                        marked * bytes_per_element),)  # fmt: skip
     return parts

@@ -6,7 +6,8 @@ it on torch; this one counts it without torch):
 
 * :func:`three_d_comm`: the bytes one rank of a pipeline stage sends per step, per
   process group, as ``train_3d`` runs (plain DP or ZeRO-1, 1F1B or the interleaved
-  schedule); :func:`rank_volumes` for every rank;
+  schedule): :func:`distlab.calc.layout_comm.layout_comm` of that layout, plus what
+  ``train_3d`` sends outside the step; :func:`rank_volumes` for every rank;
 * :func:`job_comm_totals`: those summed over the ranks per group and collective: the
   numbers a trace of one step must equal (:mod:`distlab.parallel.comm_table`);
 * :func:`layout_step_time`: the planner's estimate of that one layout
@@ -28,20 +29,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from distlab.core.checks import choice, divides, positive_int
 from distlab.core.layout import Layout
 from distlab.core.ranks import group_array
 
 from ..sim.topology import ClusterSpec, group_link
-from .buckets import zero_flat_groups
-from .comm import (
-    data_parallel_comm,
-    pipeline_parallel_comm,
-    tensor_parallel_comm,
-    vocab_parallel_comm,
-)
+from .layout_comm import layout_comm
 from .memory import get_recipe
 from .planner import PlannerAssumptions, StepEstimate, evaluate
 from .transformer import ModelSpec, rank_parameter_tensors
@@ -79,115 +74,57 @@ def three_d_comm(
     layer_buffers: Sequence[int] = (),
 ) -> dict[str, CommVolume]:
     """Bytes one rank of pipeline stage ``stage`` sends per step of a TP x PP x DP job,
-    per process group: distlab's :func:`distlab.parallel.three_d.train_3d` as it runs.
+    per process group, as :func:`distlab.parallel.three_d.train_3d` reports it: the
+    layout ``Layout(tp, pp, dp, zero_stage, virtual_stages=chunks, micro_batches)`` counted
+    by :func:`distlab.calc.layout_comm.layout_comm` (one formula per parallelism), plus
+    what ``train_3d`` sends outside the step.
 
     ``spec`` is a :class:`~distlab.calc.transformer.ModelSpec`; ``micro_batch``
     sequences per micro-batch, ``micro_batches`` (m) per replica; ``chunks`` (v)
     model chunks per rank for the interleaved schedule (1: 1F1B, GPipe or
-    ZB-H1, which all send the same messages). Groups:
+    ZB-H1, which all send the same messages). Groups, always all four:
 
-    * ``"tp"``: :func:`~distlab.calc.comm.tensor_parallel_comm` for the stage's ``layers / pp``
-      layers (however they are cut into chunks) plus :func:`~distlab.calc.comm.vocab_parallel_comm`
-      (embedding on the first stage, head and loss on the last);
-    * ``"pp"``: :func:`~distlab.calc.comm.pipeline_parallel_comm`'s sends with ``virtual_stages=v``,
-      those this stage makes. Chunk c of stage s is virtual stage c p + s; every
-      virtual stage but the last sends its activations once per micro-batch and
-      every one but the first its input's gradient, so stage s sends
-      m (v - [s = p-1]) activations and m (v - [s = 0]) gradients: v times the
-      boundaries of 1F1B (Narayanan et al. 2021, Section 2.2.2). Every tp rank
-      sends the whole b x s x h tensor, as distlab does (``tp=1`` there:
-      Megatron's scatter/gather would send 1/tp of it);
-    * ``"embedding"``: with tied embeddings and pp > 1, the first and last
-      stages swap their parts of the embedding's gradient (one message each,
-      ``ceil(V/tp) x h``; Narayanan et al. 2021, Section 3);
-    * ``"dp"``, over the rank's parameters
-      (:func:`~distlab.calc.transformer.rank_parameter_tensors`):
+    * ``"tp"``: Megatron's all-reduces of the stage's ``layers / pp`` layers and the
+      vocabulary-parallel embedding, head and loss;
+    * ``"pp"``: stage s sends m (v - [s = p-1]) activations and m (v - [s = 0])
+      gradients, the whole b x s x h tensor on every tp rank (Narayanan et al.
+      2021, Section 2.2.2);
+    * ``"embedding"``: with tied embeddings and pp > 1, the first and last stages
+      swap their ``ceil(V/tp) x h`` parts of the embedding's gradient;
+    * ``"dp"``: ``zero_stage=0`` one all-reduce per parameter tensor; ``zero_stage=1``
+      a reduce-scatter and an all-gather per padded flat group
+      (:func:`~distlab.calc.buckets.zero_flat_groups`; Rajbhandari et al. 2020,
+      Section 7.2.1). Outside the step: with ZeRO-1, **once per run**, the broadcast
+      of every parameter and buffer (``layer_buffers``: elements of each layer's
+      buffers, such as distlab's GPT's causal mask) when the optimizer is built
+      (:func:`~distlab.parallel.comm.broadcast_module_state`): a trace of k steps
+      holds k times the other parts and this one once; and on the last stage the
+      all-reduce of the loss (one float64) for the step's report.
 
-      - ``zero_stage=0``: :func:`~distlab.calc.comm.data_parallel_comm`'s gradient all-reduce as
-        one all-reduce per parameter tensor (``train_3d`` averages tensor by
-        tensor, no buckets);
-      - ``zero_stage=1``: :func:`~distlab.calc.comm.data_parallel_comm` with ``zero_stage=1`` per
-        flat group of :class:`~distlab.parallel.zero.ZeroOptimizer`
-        (:func:`~distlab.calc.buckets.zero_flat_groups`: 25 MiB buckets, each padded to a multiple
-        of dp): one reduce-scatter of the gradients and one all-gather of the
-        updated parameters, 2 (dp-1)/dp Ψ_g per group, as much as the
-        all-reduce it replaces (Rajbhandari et al. 2020, Section 7.2.1). Plus,
-        **once per run, not per step**, the broadcast of every parameter and
-        buffer (``layer_buffers``: elements of each layer's buffers, such as
-        distlab's GPT's causal mask) from the dp group's first rank, when the
-        optimizer is built (:func:`~distlab.parallel.comm.broadcast_module_state`):
-        a trace of k steps holds k times the other parts and this one once;
-
-      and on the last stage the all-reduce of the loss (one float64) for the
-      step's report.
-
-    Not modelled: the shape headers distlab's pipeline executor sends before
-    each tensor (8 int64, 64 bytes), and the one-time checks when the model is
-    built (they run outside :class:`~distlab.parallel.comm.Collectives`).
-    Empty volumes for groups of one rank.
+    Not modelled here: the shape headers distlab's pipeline executor sends before
+    each tensor (8 int64, 64 bytes; ``layout_comm(headers=True)`` counts them), and
+    the one-time checks when the model is built. Empty volumes for groups of one rank.
     """
     choice("zero_stage", zero_stage, (0, 1))
     v = positive_int("chunks", chunks)
     divides("pp * chunks", pp * v, "layers", spec.layers)
     if pp == 1 and v > 1:  # as train_3d: one stage has no boundary to interleave
         raise ValueError(f"chunks={v} needs pp >= 2: one pipeline stage has nothing to interleave")
-    shape = {"seq_len": spec.seq_len, "micro_batch": micro_batch, "hidden": spec.hidden}
-    m, bpe = micro_batches, bytes_per_element
-    first, last = stage == 0, stage == pp - 1
-    tensors = rank_parameter_tensors(spec, tp=tp, pp=pp, stage=stage)
-    tp_parts = tensor_parallel_comm(
-        **shape, layers=spec.layers // pp, tp=tp, micro_batches=m, bytes_per_element=bpe
-    ).parts
-    tp_parts += vocab_parallel_comm(
-        **shape, tp=tp, micro_batches=m, first_stage=first, last_stage=last, bytes_per_element=bpe
-    ).parts
-    sends = pipeline_parallel_comm(
-        **shape, micro_batches=m, pp=pp, tp=1, virtual_stages=v, bytes_per_element=bpe
-    ).parts  # (activations to next stage, gradients to previous stage), m v of each
-    counts = (m * (v - int(last)), m * (v - int(first)))
-    pp_parts = tuple(replace(part, count=n) for part, n in zip(sends, counts) if n)
-    tied = spec.tied_embeddings and pp > 1 and (first or last)
-    embedding = (-(-spec.vocab // tp)) * spec.hidden * bpe
-    tied_parts = (CommPart("tied embedding gradient", "send_recv", 2, embedding),) if tied else ()
-    dp_parts: tuple = ()
-    if dp > 1:
-        if zero_stage == 0:
-            dp_parts = _gradient_all_reduces(tensors, dp=dp, bytes_per_element=bpe)
-        else:
-            buffers = tuple(layer_buffers) * (spec.layers // pp)
-            dp_parts = _zero1_flat_groups(tensors, dp=dp, bytes_per_element=bpe)
-            dp_parts += _setup_broadcasts(tensors + buffers, dp=dp, bytes_per_element=bpe)
-        if last:
-            dp_parts += (CommPart("loss average (float64)", "all_reduce", dp, 8),)
-    return {
-        "tp": CommVolume("tensor parallel", tp_parts if tp > 1 else ()),
-        "pp": CommVolume("pipeline parallel", pp_parts),
-        "embedding": CommVolume("tied embedding", tied_parts),
-        "dp": CommVolume("data parallel", dp_parts),
-    }
-
-
-def _gradient_all_reduces(tensors, *, dp: int, bytes_per_element: int) -> tuple[CommPart, ...]:
-    """One all-reduce per tensor: one part per tensor size, exact in integers."""
-    parts: tuple[CommPart, ...] = ()
-    for size, n in sorted(Counter(tensors).items()):
-        (grads,) = data_parallel_comm(size, dp=dp, bytes_per_grad=bytes_per_element).parts
-        parts += (replace(grads, what=f"gradient all-reduce, {size}-element tensors", count=n),)
-    return parts
-
-
-def _zero1_flat_groups(tensors, *, dp: int, bytes_per_element: int) -> tuple[CommPart, ...]:
-    """ZeRO-1's reduce-scatter and all-gather of each padded flat group (one part per size)."""
+    layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, virtual_stages=v,
+                    micro_batches=micro_batches)  # fmt: skip
     bpe = bytes_per_element
-    flat = zero_flat_groups(tensors, dp=dp, bytes_per_element=bpe)
-    parts: tuple[CommPart, ...] = ()
-    for size, n in sorted(Counter(flat).items()):
-        volume = data_parallel_comm(size, dp=dp, zero_stage=1, bytes_per_param=bpe,
-                                    bytes_per_grad=bpe)  # fmt: skip
-        parts += tuple(
-            replace(p, what=f"{p.what}, {size}-element flat groups", count=n) for p in volume.parts
-        )
-    return parts
+    volumes = layout_comm(spec, layout, stage * tp * dp, micro_batch=micro_batch,
+                          bytes_per_element=bpe, headers=False)  # fmt: skip
+    dp_parts = volumes["dp"].parts if "dp" in volumes else ()
+    if dp > 1 and zero_stage == 1:
+        tensors = rank_parameter_tensors(spec, tp=tp, pp=pp, stage=stage)
+        buffers = tuple(layer_buffers) * (spec.layers // pp)
+        dp_parts += _setup_broadcasts(tensors + buffers, dp=dp, bytes_per_element=bpe)
+    if dp > 1 and stage == pp - 1:
+        dp_parts += (CommPart("loss average (float64)", "all_reduce", dp, 8),)
+    names = {"tp": "tensor parallel", "pp": "pipeline parallel", "embedding": "tied embedding"}
+    out = {g: CommVolume(n, volumes[g].parts if g in volumes else ()) for g, n in names.items()}
+    return {**out, "dp": CommVolume("data parallel", dp_parts)}
 
 
 def _setup_broadcasts(tensors, *, dp: int, bytes_per_element: int) -> tuple[CommPart, ...]:
