@@ -59,7 +59,7 @@ def _train(rank, world_size, tp, pp, dp, config, options):
 
 
 def _single_process():
-    from distlab.parallel.three_d import OPTIMIZERS
+    from distlab.parallel.compose import OPTIMIZERS
 
     torch_class, kwargs, _ = OPTIMIZERS[OPTIMIZER]
     model = GPT(CONFIG, seed=0)
@@ -130,7 +130,7 @@ def _blocks_of(stage: int, chunks: int) -> set[int]:
 
 
 def test_every_rank_holds_its_slice_of_the_single_process_model(case):
-    from distlab.parallel.three_d import dense_shard
+    from distlab.parallel.compose import dense_shard
 
     options, runs, model, _ = case
     dense = dict(model.named_parameters())
@@ -150,7 +150,7 @@ def test_every_rank_holds_its_slice_of_the_single_process_model(case):
 def test_optimizer_state_bytes_match_the_memory_formula(case):
     """Measured optimizer-state bytes = K Ψ_rank (plain) or K ceil(Ψ_rank / dp) (ZeRO-1,
     one flat bucket padded to a multiple of dp), K = the recipe's optimizer bytes."""
-    from distlab.parallel.three_d import OPTIMIZERS
+    from distlab.parallel.compose import OPTIMIZERS
 
     options, runs, _, _ = case
     recipe = OPTIMIZERS[OPTIMIZER][2]
@@ -171,9 +171,12 @@ def test_optimizer_state_bytes_match_the_memory_formula(case):
 @pytest.mark.parametrize(
     "degrees, config, message",
     [
-        ((2, 2, 1, 1), CONFIG, "tp=2 x cp=1 x dp=1 x pp=2 = 4 must equal world_size=8"),
         ((2, 0, 4, 1), CONFIG, "pp must be an integer >= 1, got 0"),
-        ((1, 8, 1, 1), CONFIG, "layers=4 is not divisible by the pipeline-parallel size 8"),
+        (
+            (1, 8, 1, 1),
+            CONFIG,
+            "layers=4 is not divisible by the number of virtual stages pp\\*v = 8\\*1",
+        ),
         ((8, 1, 1, 1), CONFIG, "heads=4 is not divisible by the tensor-parallel size 8"),
         (  # GPTConfig needs heads | hidden, so tp | heads makes tp | hidden too
             (2, 2, 2, 1),
@@ -183,49 +186,55 @@ def test_optimizer_state_bytes_match_the_memory_formula(case):
         (
             (2, 2, 2, 3),
             CONFIG,
-            "layers=4 is not divisible by the number of virtual stages pp\\*chunks = 2\\*3 = 6",
+            "layers=4 is not divisible by the number of virtual stages pp\\*v = 2\\*3 = 6",
         ),
-        ((2, 2, 2, 0), CONFIG, "chunks must be an integer >= 1, got 0"),
+        ((2, 2, 2, 0), CONFIG, "virtual_stages must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_degrees_name_the_value(degrees, config, message):
-    from distlab.parallel.three_d import check_degrees
+    """The layout checks its own values once; check_model what the model must divide."""
+    from distlab.core.layout import Layout
+    from distlab.parallel.compose import check_model
 
     tp, pp, dp, chunks = degrees
     with pytest.raises(ValueError, match=message):
-        check_degrees(8, config, tp=tp, pp=pp, dp=dp, chunks=chunks)
+        check_model(GPT(config), Layout(tp=tp, pp=pp, dp=dp, virtual_stages=chunks))
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"optimizer": "lamb"}, "unknown optimizer 'lamb'; allowed: 'sgd', 'sgd_momentum'"),
-        ({"zero_stage": 2}, "zero_stage must be 0 .* or 1 .*, got 2"),
+        ({"optimizer": "lamb"}, "unknown optimizer 'lamb'; allowed: sgd, sgd_momentum, adam"),
+        ({"zero_stage": 4}, "zero_stage must be an integer in 0..3, got 4"),
         ({"zero_stage": True}, "got True"),
-        ({"schedule": "1f2b"}, "unknown schedule '1f2b'; allowed: 'gpipe', '1f1b'"),
-        ({"chunks": 2}, "chunks=2 needs schedule 'interleaved'"),
+        ({"schedule": "1f2b"}, "unknown schedule '1f2b'; allowed: gpipe, 1f1b"),
+        ({"chunks": 2}, "virtual_stages=2 needs the 'interleaved' schedule, not '1f1b'"),
         ({"schedule": "interleaved", "micro_batches": 3}, "micro_batches=3, stages=2"),
-        ({"schedule": "interleaved", "chunks": 2, "pp": 1}, "chunks=2 needs pp >= 2"),
+        ({"schedule": "interleaved", "chunks": 2, "pp": 1}, "virtual_stages=2 needs pp >= 2"),
     ],
 )
 def test_bad_options_name_the_value(options, message):
-    from distlab.parallel.three_d import check_options
+    """train_3d's options end before any process group is needed, naming the value."""
+    from distlab.parallel.three_d import train_3d
 
     kwargs = {"optimizer": "sgd", "zero_stage": 0, "schedule": "1f1b", "pp": 2, "micro_batches": 2}
-    with pytest.raises(ValueError, match=message):
-        check_options(**{**kwargs, **options})
+    kwargs = {**kwargs, **options}
+    chunks = kwargs.pop("chunks", 1)
+    tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
+    with pytest.raises((ValueError, TypeError), match=message):  # TypeError: zero_stage=True
+        train_3d(CONFIG, tokens, targets, tp=1, dp=1, steps=1, lr=LR, chunks=chunks, **kwargs)
 
 
 def test_bad_degrees_end_the_job_with_the_rank_traceback():
     options = {}
     with pytest.raises(distlab.RankError) as failure:
         distlab.run(_train, 2, args=(2, 2, 1, CONFIG, options), timeout=60, show_output=False)
-    assert "tp=2 x cp=1 x dp=1 x pp=2 = 4 must equal world_size=2" in failure.value.remote_traceback
+    assert "needs 4 ranks, but the job has 2" in failure.value.remote_traceback
 
 
 def test_plain_sgd_equals_torch_sgd_bit_for_bit():
     """PlainSGD (train_3d's "sgd" without ZeRO) takes exactly torch.optim.SGD's steps."""
-    from distlab.parallel.three_d import PlainSGD
+    from distlab.parallel.compose import PlainSGD
 
     def train(make):
         model = GPT(CONFIG, seed=0)

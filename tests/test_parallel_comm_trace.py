@@ -196,11 +196,11 @@ def _flat_group_sizes(mesh, chunks: int, bucket_cap_mb: float) -> list[int]:
 
     from distlab.models import GPT
     from distlab.parallel.tensor import ParallelGPT, TensorParallelComm
-    from distlab.parallel.three_d import tp_gpt_stage
+    from distlab.parallel.compose import cut_stage
     from distlab.parallel.zero import ZeroOptimizer
 
     gpt = ParallelGPT(GPT(CONFIG4, seed=0), TensorParallelComm(group=mesh["tp"]))
-    stage = tp_gpt_stage(gpt, mesh.coordinates["pp"], PP, chunks)
+    stage = cut_stage(gpt, mesh.coordinates["pp"], PP, chunks)
     modules = nn.ModuleList(stage.chunks.values())  # what train_3d gives ZeroOptimizer
     zero = ZeroOptimizer(modules, torch.optim.SGD, group=mesh["dp"], bucket_cap_mb=bucket_cap_mb,
                          lr=0.1)  # fmt: skip

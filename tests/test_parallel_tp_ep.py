@@ -29,12 +29,14 @@ TOKENS_PER_RANK = BATCH // DP * CONFIG.seq_len
 
 def _train(rank, world_size, tp, ep, dp, config, moe, bad_rank=None):
     torch.set_num_threads(1)
-    from distlab.parallel.moe_gpt import train_tp_ep
+    from distlab.core.layout import Layout
+    from distlab.parallel.compose import train
+    from distlab.parallel.moe_gpt import MoEGPT
 
     tokens, targets = gpt_batch(6 if rank == bad_rank else BATCH, config, seed=1)
-    return train_tp_ep(
-        config, moe, tokens, targets, tp=tp, ep=ep, dp=dp, steps=STEPS, lr=LR, aux_weight=AUX
-    )
+    model = MoEGPT(config, moe, seed=0)
+    layout = Layout(tp=tp, ep=ep, dp=dp)
+    return train(model, layout, tokens, targets, steps=STEPS, lr=LR, aux_weight=AUX)
 
 
 def _single_process():
@@ -82,8 +84,8 @@ def test_losses_equal_single_process(runs, reference):
 
 
 def test_every_rank_holds_its_slice_of_the_single_process_model(runs, reference):
+    from distlab.parallel.compose import dense_shard
     from distlab.parallel.moe_gpt import dense_expert_name
-    from distlab.parallel.three_d import dense_shard
 
     model, _, _ = reference
     dense = dict(model.named_parameters())  # the tied head is tok.weight
@@ -148,7 +150,7 @@ def test_all_to_all_bytes_equal_calculator(runs):
     ).total
     assert predicted > 0
     for run in runs:
-        assert run.all_to_all_bytes == [predicted] * STEPS, run.rank
+        assert [step["ep"] for step in run.bytes_by_group] == [predicted] * STEPS, run.rank
 
 
 def test_grouped_moe_routes_each_group_on_its_own():
@@ -190,36 +192,40 @@ def test_moe_blocks(every, moe_blocks):
 
 
 @pytest.mark.parametrize(
-    "config, moe, degrees, batch, message",
+    "config, moe, degrees, message",
     [
-        (CONFIG, MOE, (2, 2, 2), 8, "tp=2 x cp=1 x dp=2 x pp=1 = 4 must equal world_size=8"),
-        (CONFIG, MOE, (2, 3, 4), 8, "ep=3 must divide cp\\*dp=4"),
-        (CONFIG, MoEConfig(num_experts=3), (2, 2, 4), 8, "num_experts=3 is not divisible"),
-        (GPTConfig(hidden=15, heads=3), MOE, (2, 2, 4), 8, "hidden=15 is not divisible by the"),
-        (GPTConfig(hidden=16, heads=1), MOE, (2, 2, 4), 8, "heads=1 is not divisible by the"),
-        (CONFIG, MOE, (2, 2, 4), 6, "batch=6 is not divisible by the data-parallel size dp 4"),
+        (CONFIG, MOE, (2, 3, 4), "ep=3 must divide cp\\*dp=4"),
+        (CONFIG, MoEConfig(num_experts=3), (2, 2, 4), "num_experts=3 is not divisible"),
+        (GPTConfig(hidden=15, heads=3), MOE, (2, 2, 4), "hidden=15 is not divisible by the"),
+        (GPTConfig(hidden=16, heads=1), MOE, (2, 2, 4), "heads=1 is not divisible by the"),
     ],
 )
-def test_bad_degrees_name_the_value(config, moe, degrees, batch, message):
-    from distlab.parallel.moe_gpt import check_tp_ep
+def test_bad_degrees_name_the_value(config, moe, degrees, message):
+    from distlab.core.layout import Layout
+    from distlab.parallel.compose import check_model
+    from distlab.parallel.moe_gpt import MoEGPT
 
     tp, ep, dp = degrees
     with pytest.raises(ValueError, match=message):
-        check_tp_ep(8, config, moe, tp=tp, ep=ep, dp=dp, batch=batch)
+        check_model(MoEGPT(config, moe), Layout(tp=tp, ep=ep, dp=dp))
 
 
 @pytest.mark.parametrize(
     "settings, message",
     [
         ({"steps": 0}, "steps must be an integer >= 1, got 0"),
-        ({"aux_weight": -0.1}, "aux_weight must be a number >= 0, got -0.1"),
+        ({"aux_weight": -0.1}, "aux_weight must be .*, got -0.1"),
     ],
 )
 def test_bad_training_settings(settings, message):
-    from distlab.parallel.moe_gpt import check_tp_ep
+    from distlab.core.layout import Layout
+    from distlab.parallel.compose import train
+    from distlab.parallel.moe_gpt import MoEGPT
 
+    tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
+    options = {"steps": 1, "lr": LR, **settings}
     with pytest.raises(ValueError, match=message):
-        check_tp_ep(8, CONFIG, MOE, tp=TP, ep=EP, dp=DP, batch=BATCH, **settings)
+        train(MoEGPT(CONFIG, MOE), Layout(tp=TP, ep=EP, dp=DP), tokens, targets, **options)
 
 
 @pytest.mark.parametrize(
@@ -241,13 +247,11 @@ def test_bad_degrees_end_the_job_with_the_rank_traceback():
     with pytest.raises(distlab.RankError) as failure:
         distlab.run(_train, 4, args=(2, 2, 2, CONFIG, moe), timeout=60, show_output=False)
     assert "num_experts=3 is not divisible by the expert-parallel size ep 2" in str(failure.value)
-    assert "check_tp_ep" in failure.value.remote_traceback
+    assert "check_model" in failure.value.remote_traceback
 
 
 def test_one_failing_rank_ends_every_rank_with_its_traceback():
     with pytest.raises(distlab.RankError) as failure:
         distlab.run(_train, 8, args=(TP, EP, DP, CONFIG, MOE, 5), timeout=60, show_output=False)
     assert failure.value.rank == 5  # the others were waiting for it in build_mesh
-    assert (
-        "batch=6 is not divisible by the data-parallel size dp 4" in failure.value.remote_traceback
-    )
+    assert "batch=6 is not divisible by the dp * micro_batches 4" in failure.value.remote_traceback

@@ -18,6 +18,8 @@ collective.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -118,11 +120,15 @@ def execute(
 
 
 def _default_workspace() -> Workspace:
-    """The process's scratch buffers, made on first use (see :class:`pipelined.Workspace`)."""
-    global _WORKSPACE
-    if _WORKSPACE is None:
-        _WORKSPACE = Workspace()
-    return _WORKSPACE
+    """This thread's scratch buffers, made on first use (see :class:`pipelined.Workspace`).
+
+    One set per thread, not per process: FSDP and DDP run their collectives on a
+    communication thread while the main thread runs tensor parallelism's, and two
+    collectives sharing one scratch buffer would overwrite each other's data."""
+    workspace = getattr(_WORKSPACES, "workspace", None)
+    if workspace is None:
+        workspace = _WORKSPACES.workspace = Workspace()
+    return workspace
 
 
-_WORKSPACE: Workspace | None = None
+_WORKSPACES = threading.local()

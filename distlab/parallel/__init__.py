@@ -23,8 +23,10 @@ One idea per module, each short enough to read top to bottom:
 ``context``         context parallelism: ring attention, zig-zag split
 ``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
 ``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name
-``three_d``         :func:`train_3d`: the tiny GPT with TP x PP x DP on one mesh
-``moe_gpt``         :func:`train_tp_ep`: the GPT with MoE blocks, TP x EP x DP
+``moe_gpt``         the GPT with MoE blocks, and its expert-parallel block
+``compose/``        :func:`parallelize` (any :class:`~distlab.core.layout.Layout` applied
+                    to a plain GPT, in one fixed order) and :func:`train`, the one loop
+``three_d``         :func:`train_3d`: TP x PP x DP, one setting of :func:`train`
 ==================  ===========================================================
 
 Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
@@ -39,6 +41,7 @@ from .accumulation import accumulate_gradients, gradient_scale_error
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .checkpoint_files import CheckpointError, latest_checkpoint
 from .comm import ALGORITHMS, Collectives, CommThread
+from .compose import ComposedRun, parallelize, train
 from .context import ContextParallelBlock, Ring, ring_attention
 from .data import ShardSampler, shard_batch, shard_indices
 from .ddp import BucketedDDP, NaiveDDP
@@ -66,6 +69,7 @@ __all__ = [
     "CheckpointError",
     "Collectives",
     "CommThread",
+    "ComposedRun",
     "ContextParallelBlock",
     "DynamicLossScaler",
     "ExpertParallelMoE",
@@ -93,6 +97,7 @@ __all__ = [
     "load_full",
     "load_sharded",
     "measure_model_state",
+    "parallelize",
     "pipeline",
     "ring_attention",
     "save_full",
@@ -101,4 +106,5 @@ __all__ = [
     "shard_indices",
     "storage_bytes",
     "time_ddp_variants",
+    "train",
 ]

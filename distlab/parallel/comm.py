@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from distlab.collectives import ring_all_gather, ring_reduce_scatter, tree_broadcast
+from distlab.collectives.buffers import global_rank
 from distlab.sim.algorithms import ALL_REDUCE
 
 from .comm_trace import traced
@@ -128,13 +129,13 @@ class Collectives:
                 ring_all_gather(output, input, self.group)
 
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
-        """In place: every rank gets rank ``src``'s ``tensor``."""
+        """In place: every rank gets group rank ``src``'s ``tensor``."""
         self._count("broadcast", tensor)
         if self.world_size == 1:
             return
         with traced("broadcast", self.group, tensor):
             if self.algorithm == "builtin":
-                dist.broadcast(tensor, src, group=self.group)
+                dist.broadcast(tensor, global_rank(self.group, src), group=self.group)
             else:
                 tree_broadcast(tensor, src, self.group)
 

@@ -90,14 +90,23 @@ _IDLE = contextlib.nullcontext()
 
 @contextlib.contextmanager
 def trace_comm() -> Iterator[CommTrace]:
-    """Record every communication call this rank makes inside the block (see the module docstring)."""
+    """Record every communication call this rank makes inside the block (see the module docstring).
+
+    Traces nest: what an inner trace recorded (a training loop's per-step trace) is
+    added to the one around it (a test's trace of the whole run) when the inner closes,
+    and the inner one starts with the outer one's group names."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    trace = CommTrace(rank)
+    outer = _active.get()
+    trace = CommTrace(rank, names=dict(outer.names) if outer is not None else {})
     token = _active.set(trace)
     try:
         yield trace
     finally:
         _active.reset(token)
+        if outer is not None:
+            outer.calls.extend(trace.calls)
+            for ranks, name in trace.names.items():
+                outer.names.setdefault(ranks, name)
 
 
 def group_ranks(group: Group) -> tuple[int, ...]:

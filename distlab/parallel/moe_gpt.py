@@ -1,4 +1,9 @@
-"""The tiny GPT with mixture-of-experts MLPs, trained with TP x EP x DP at once.
+"""The tiny GPT with mixture-of-experts MLPs, and its expert-parallel blocks.
+
+Training it with any layout (TP x EP x DP, MoE blocks inside a pipeline, ...) is
+:func:`distlab.parallel.compose.train` with ``Layout(ep=...)``; this module holds
+the model, its routing groups and the expert-parallel block that
+:func:`~distlab.parallel.compose.parallelize` puts in place of each MoE block.
 
 **The model.** :class:`MoEGPT` is :class:`distlab.models.GPT` with the MLP of
 every ``every``-th block replaced by a :class:`~distlab.parallel.moe.MoE`
@@ -57,17 +62,12 @@ import copy
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from distlab.calc.moe import expert_capacity
-from distlab.collectives import count_traffic
-from distlab.core.checks import positive, positive_int
-from distlab.core.ranks import check_degrees
-from distlab.models import GPT, GPTBlock, GPTConfig, check_batch
-from distlab.parallel.comm import Collectives
-from distlab.parallel.mesh import build_mesh
-from distlab.parallel.moe import ExpertParallelMoE, MoE, average_moe_gradients
+from distlab.core.checks import positive_int
+from distlab.models import GPT, GPTBlock, GPTConfig
+from distlab.parallel.moe import ExpertParallelMoE, MoE
 from distlab.parallel.tensor import (
     ParallelBlock,
     ParallelGPT,
@@ -75,9 +75,6 @@ from distlab.parallel.tensor import (
     TensorParallelComm,
 )
 from distlab.parallel.tensor.checks import check_divisible
-
-#: the key :func:`distlab.collectives.count_traffic` files distlab's all-to-all under
-ALL_TO_ALL_TRAFFIC = "pairwise_all_to_all"
 
 
 @dataclass(frozen=True)
@@ -214,97 +211,7 @@ class MoELayerStats:
     dropped: int
 
 
-@dataclass
-class TpEpRun:
-    """What one rank of :func:`train_tp_ep` returns."""
-
-    rank: int
-    coordinates: dict[str, int]  # {"tp": .., "dp": .., "ep": .., "expert_dp": .., ...}
-    losses: list[float]  # full-batch loss (cross-entropy + aux) before each step
-    shards: dict[str, torch.Tensor]  # final parameters, by ParallelGPT name
-    all_to_all_bytes: list[int]  # bytes this rank sent in all-to-alls, per step
-    moe_stats: list[list[MoELayerStats]]  # per step, per MoE layer
-
-
-def check_tp_ep(
-    world_size: int,
-    config: GPTConfig,
-    moe: MoEConfig,
-    *,
-    tp: int,
-    ep: int,
-    dp: int,
-    batch: int,
-    steps: int = 1,
-    aux_weight: float = 0.0,
-) -> None:
-    """``ValueError`` naming the value unless tp * dp = world size, ep | dp,
-    tp | hidden and heads, ep | num_experts, dp | batch, steps >= 1 and
-    aux_weight >= 0 (checked by every rank before the first collective, so
-    every rank raises the same error)."""
-    steps = positive_int("steps", steps)
-    if isinstance(aux_weight, bool) or not isinstance(aux_weight, (int, float)) or aux_weight < 0:
-        raise ValueError(f"aux_weight must be a number >= 0, got {aux_weight!r}")
-    check_degrees(world_size, tp=tp, pp=1, dp=dp, cp=1, ep=ep)
-    check_divisible("hidden", config.hidden, tp)
-    check_divisible("heads", config.heads, tp)
-    check_divisible("num_experts", moe.num_experts, ep, by="expert-parallel size ep")
-    check_divisible("batch", batch, dp, by="data-parallel size dp")
-
-
-def train_tp_ep(
-    config: GPTConfig,
-    moe: MoEConfig,
-    tokens: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    tp: int,
-    ep: int,
-    dp: int,
-    steps: int,
-    lr: float,
-    aux_weight: float,
-    seed: int = 0,
-    algorithm: str = "ring",
-) -> TpEpRun:
-    """Train ``MoEGPT(config, moe, seed=seed)`` with SGD for ``steps`` steps on
-    ``tokens``/``targets`` (b sequences, b/dp per data-parallel replica), loss
-    ``cross-entropy + aux_weight * sum of the layers' balancing losses``.
-    ``algorithm``: the TP and DP all-reduces (:data:`distlab.parallel.comm.ALGORITHMS`);
-    ``"builtin"`` also makes the all-to-alls torch's (then not counted in
-    ``all_to_all_bytes``). ``lr``: a finite number > 0. Call on every rank inside
-    ``distlab.run``."""
-    lr = positive("lr", lr)  # torch's SGD would train with lr=nan
-    check_batch(tokens, targets, config)
-    check_tp_ep(
-        dist.get_world_size(), config, moe, tp=tp, ep=ep, dp=dp, batch=tokens.shape[0],
-        steps=steps, aux_weight=aux_weight,
-    )  # fmt: skip
-    mesh = build_mesh(tp=tp, ep=ep, dp=dp)
-    where = mesh.coordinates
-    comm = TensorParallelComm(algorithm, group=mesh["tp"])
-    all_to_all = "builtin" if algorithm == "builtin" else "pairwise"
-    gpt = parallel_moe_gpt(MoEGPT(config, moe, seed=seed), comm, mesh["ep"], algorithm=all_to_all)
-    data_parallel = Collectives(algorithm, group=mesh["dp-cp"])
-    optimizer = torch.optim.SGD(gpt.parameters(), lr=lr)
-    my_tokens, my_targets = tokens.chunk(dp)[where["dp"]], targets.chunk(dp)[where["dp"]]
-    losses, sent, stats = [], [], []
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        with count_traffic() as traffic:
-            loss = gpt.loss(my_tokens, my_targets) + aux_weight * aux_loss(gpt)
-            loss.backward()
-        average_moe_gradients(gpt, mesh, algorithm=algorithm)
-        optimizer.step()
-        total = loss.detach().double().reshape(1)
-        data_parallel.all_reduce_mean_(total)
-        losses.append(total.item())
-        sent.append(traffic.by_schedule.get(ALL_TO_ALL_TRAFFIC, 0))
-        stats.append([_stats(layer) for layer in moe_layers(gpt)])
-    shards = {n: p.detach().clone() for n, p in gpt.named_parameters()}
-    return TpEpRun(dist.get_rank(), where, losses, shards, sent, stats)
-
-
-def _stats(layer: MoE) -> MoELayerStats:
+def routing_stats(layer: MoE) -> MoELayerStats:
+    """What ``layer``'s last forward routed, its capacity and what it dropped."""
     routing = layer.routing
     return MoELayerStats(tuple(routing.routed.tolist()), routing.capacity, routing.dropped)

@@ -4,6 +4,11 @@ Token embedding and the tied output layer are vocabulary-parallel, the blocks
 are :class:`~distlab.parallel.tensor.layers.ParallelBlock`, the position
 embedding and final LayerNorm are replicated (or, with sequence parallelism,
 applied to each rank's s/t tokens). ``loss`` never gathers the logits.
+
+With context parallelism (``context=(cp, cp_rank, split)``, set by
+:func:`distlab.parallel.compose.parallelize`) the tokens this rank gets are
+its part of each sequence (:func:`distlab.parallel.context.local_positions`),
+and the position embedding uses their global positions.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distlab.models import GPT
+from distlab.parallel.context import local_positions
 
 from . import sequence as sp
 from .checks import check_divisible, check_same_on_every_rank, fingerprint
@@ -42,6 +48,7 @@ class ParallelGPT(nn.Module):
         *,
         sequence_parallel=False,
         make_block=ParallelBlock,
+        context: tuple[int, int, str] | None = None,
     ):
         super().__init__()
         c = dense.config
@@ -52,6 +59,7 @@ class ParallelGPT(nn.Module):
             check_divisible("seq_len", c.seq_len, t)
         check_same_on_every_rank(comm, "the dense GPT", fingerprint(dense))
         self.config, self.comm, self.sequence_parallel = c, comm, sequence_parallel
+        self.context = context  # (cp, cp rank, split) or None
         self.tok = VocabParallelEmbedding(dense.tok, comm, sequence_parallel=sequence_parallel)
         self.pos = copy.deepcopy(dense.pos)
         self.blocks = nn.ModuleList(
@@ -69,23 +77,39 @@ class ParallelGPT(nn.Module):
     def _head(self) -> nn.Parameter:
         return self.tok.weight if self.config.tie_embeddings else self.head_weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def positions(self, s: int, device=None) -> torch.Tensor:
+        """The global positions of the ``s`` tokens this rank embeds: 0..s-1, or this
+        rank's part of a sequence of s * cp tokens (context parallelism)."""
+        if self.context is None:
+            return torch.arange(s, device=device)
+        cp, rank, split = self.context
+        return local_positions(s * cp, cp, rank, split).to(device)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token + position embeddings: ``(b, s, h)``, or this rank's ``(b, s/t, h)`` with SP."""
         _, s = tokens.shape
-        if s > self.config.seq_len:
+        positions = self.positions(s, tokens.device)
+        if positions.max() >= self.config.seq_len:
             raise ValueError(f"sequence length {s} exceeds config.seq_len={self.config.seq_len}")
-        positions = torch.arange(s, device=tokens.device)
         if self.sequence_parallel:
             check_divisible("sequence length", s, self.comm.world_size)
             positions = positions.chunk(self.comm.world_size)[self.comm.rank]
-        x = self.tok(tokens) + self.pos(positions)
-        for block in self.blocks:
-            x = block(x)
+        return self.tok(tokens) + self.pos(positions)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final LayerNorm and the (tied) output layer: this rank's slice ``(b, s, V_p/t)``."""
         x = self.ln_f(x)
         weight = self._head()
         if self.sequence_parallel:
             (logits,) = sp.LinearsOnGatheredSequence.apply(x, self.comm, "head in", weight, None)
             return logits
         return F.linear(copy_to_tp(x, self.comm, "head in"), weight)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self(tokens)

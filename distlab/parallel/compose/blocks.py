@@ -1,0 +1,74 @@
+"""The pieces :func:`~distlab.parallel.compose.parallelize` puts into a tensor-parallel GPT.
+
+* :class:`ContextParallelAttention`: Megatron's tensor-parallel attention (q, k, v
+  column-parallel, a/t heads per rank, output projection row-parallel) whose
+  attention core runs over the context-parallel group: each rank holds its part
+  of every sequence, and :func:`~distlab.parallel.context.ring_attention` passes
+  the K/V blocks of its local heads around the cp ranks. Tensor parallelism
+  splits the heads, context parallelism the tokens: the two are independent.
+* :class:`StageEmbedding` and :class:`StageHead`: the first and last layers of a
+  pipeline cut of a :class:`~distlab.parallel.tensor.ParallelGPT`; they call the
+  model's own :meth:`~distlab.parallel.tensor.ParallelGPT.embed` and
+  :meth:`~distlab.parallel.tensor.ParallelGPT.logits`, so sequence and context
+  parallelism work inside a pipeline exactly as without one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from distlab.models import CausalSelfAttention
+from distlab.parallel.context import Ring, ring_attention
+from distlab.parallel.tensor import ParallelGPT, ParallelSelfAttention, TensorParallelComm
+
+
+class ContextParallelAttention(ParallelSelfAttention):
+    """Tensor-parallel attention over this rank's tokens, the core by ring attention
+    over ``ring`` (the cp group). Attention dropout must be 0 (ring attention has none)."""
+
+    def __init__(
+        self,
+        dense: CausalSelfAttention,
+        comm: TensorParallelComm,
+        ring: Ring,
+        *,
+        sequence_parallel: bool = False,
+    ) -> None:
+        if dense.dropout:
+            raise ValueError(
+                f"context parallelism needs attention dropout 0, got {dense.dropout}: "
+                "ring attention applies no dropout to the attention probabilities"
+            )
+        super().__init__(dense, comm, sequence_parallel=sequence_parallel)
+        self.ring = ring
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, _, s, _ = q.shape  # s: this rank's tokens, s * cp in the whole sequence
+        out = ring_attention(q, k, v, self.ring, seq_len=s * self.ring.size)
+        return out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+
+
+class StageEmbedding(nn.Module):
+    """The first virtual stage's first layer: ``gpt.embed(tokens)``."""
+
+    def __init__(self, gpt: ParallelGPT) -> None:
+        super().__init__()
+        self.tok, self.pos = gpt.tok, gpt.pos  # registered here, so the stage owns them
+        self._gpt = [gpt]  # a list: not a submodule (the stage must not own every block)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._gpt[0].embed(tokens)
+
+
+class StageHead(nn.Module):
+    """The last virtual stage's last layer: ``gpt.logits(x)`` (final LayerNorm, output layer)."""
+
+    def __init__(self, gpt: ParallelGPT) -> None:
+        super().__init__()
+        self.ln_f = gpt.ln_f
+        self.weight = gpt._head()
+        self._gpt = [gpt]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._gpt[0].logits(x)

@@ -1,0 +1,269 @@
+"""One training loop for every layout: :func:`train`.
+
+Each step, on every rank::
+
+    zero the gradients
+    run the pipeline schedule on this rank's micro-batches      (forward + backward;
+        tensor, context and expert parallelism communicate inside the layers)
+    sum the sequence-parallel gradients over tp                 (ParallelGPT.finish_gradients)
+    reduce the gradients over the data-parallel ranks           (zero_stage 0: average over
+        dp-cp, experts summed over expert_dp / (dp cp); ZeRO-1/2: inside the optimizer
+        step; FSDP: reduce-scattered during backward)
+    optimizer step                                              (SGD, momentum SGD or Adam)
+
+**The data.** Replica r (its ``"dp"`` coordinate) takes sequences r b/dp .. (r+1) b/dp - 1;
+within a replica, context-parallel rank c takes its part of every sequence
+(:func:`~distlab.parallel.context.split_sequence`); the pipeline cuts them into
+``layout.micro_batches``. Each rank's loss is the mean over its tokens and every
+rank of the dp-cp group has as many, so the mean over the group is the loss of the
+whole batch, and averaging the gradients over dp-cp gives its gradient: a step
+equals one single-process step on the whole batch, up to fp32 rounding.
+
+**MoE.** The loss adds ``aux_weight`` times the layers' load-balancing losses; with
+``pp > 1`` ``aux_weight`` must be 0 (an earlier stage's balancing loss has no path
+to the last stage's loss in this executor). Each micro-batch of each replica (and
+with cp > 1 each cp rank's tokens) is one routing group with its own capacity.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from distlab.core.checks import nonnegative, positive, positive_int
+from distlab.core.layout import Layout
+from distlab.core.ranks import GROUP_NAMES
+from distlab.models import GPT, check_batch
+from distlab.parallel.comm import Collectives
+from distlab.parallel.comm_trace import name_groups, trace_comm
+from distlab.parallel.context import split_sequence
+from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
+from distlab.parallel.moe import average_moe_gradients
+from distlab.parallel.moe_gpt import MoELayerStats, aux_loss, moe_layers, routing_stats
+from distlab.parallel.pipeline import run_pipeline
+from distlab.parallel.tensor.checks import check_divisible
+from distlab.parallel.zero import ZeroOptimizer
+
+from .checkpoint import check_save_after, load_checkpoint, save_checkpoint
+from .model import ParallelModel, check_model, parallelize
+
+#: optimizer name -> (torch class, its keyword arguments, the
+#: :data:`distlab.calc.memory.RECIPES` entry whose bytes per parameter it keeps)
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {}, "sgd"),
+    "sgd_momentum": (torch.optim.SGD, {"momentum": 0.9}, "sgd_momentum"),
+    "adam": (torch.optim.Adam, {}, "fp32_adam"),
+}
+
+
+@dataclass
+class ComposedRun:
+    """What one rank of :func:`train` returns."""
+
+    rank: int
+    layout: Layout
+    coordinates: dict[str, int]  # {"tp": .., "cp": .., "dp": .., "pp": .., "ep": .., ...}
+    losses: list[float] | None  # whole-batch loss per step, on the last stage's ranks
+    shards: dict[str, torch.Tensor]  # this rank's final parameters, by ParallelGPT name
+    parameters: int  # elements of this rank's (tp, cp, ep, pp) share of the model
+    optimizer_state_bytes: int  # measured: the storages of the optimizer's state tensors
+    model_state_bytes: int  # measured: parameters + gradients + optimizer state, at the end
+    step_seconds: list[float]  # wall time of each step on this rank
+    peak_activation_bytes: int  # the most the pipeline executor held for backward
+    bytes_by_group: list[dict[str, int]] = field(default_factory=list)  # per step, wire bytes
+    moe_stats: list[list[MoELayerStats]] = field(default_factory=list)  # per step, per MoE layer
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.losses is not None
+
+
+class PlainSGD:
+    """SGD without momentum, written out: ``p -= lr * p.grad``, what ``torch.optim.SGD(params, lr)``
+    computes, with no state.
+
+    Why not ``torch.optim.SGD``: its first ``zero_grad``/``step`` imports ``torch._dynamo``
+    (and sympy), about 70 MB per process; the 8 ranks of notebook 09 on a 2 GB machine
+    (Binder) cannot afford it. Momentum, Adam, ZeRO and FSDP still use torch's optimizers."""
+
+    def __init__(self, params, lr: float) -> None:
+        self.params, self.lr, self.state = list(params), lr, {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+
+
+def make_optimizer(parallel: ParallelModel, name: str, lr: float):
+    """``(optimizer, torch optimizer holding the state)`` for this rank's share.
+
+    ZeRO-1/2: :class:`~distlab.parallel.zero.ZeroOptimizer` over dp-cp (it
+    reduce-scatters the gradients, updates this rank's 1/(dp cp) of the stage's
+    flattened parameters and all-gathers them). FSDP: torch's optimizer on the shards."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(map(repr, OPTIMIZERS))}")
+    torch_class, kwargs, _ = OPTIMIZERS[name]
+    zero_stage = parallel.layout.zero_stage
+    if zero_stage in (1, 2):
+        chunks = torch.nn.ModuleList(parallel.stage.chunks.values())
+        group = parallel.mesh["dp-cp"]
+        zero = ZeroOptimizer(chunks, torch_class, stage=zero_stage, group=group, lr=lr, **kwargs)
+        return zero, zero.optimizer
+    if name == "sgd":
+        optimizer = PlainSGD(parallel.parameters(), lr=lr)
+    else:
+        optimizer = torch_class(parallel.parameters(), lr=lr, **kwargs)
+    return optimizer, optimizer
+
+
+def my_batch(tokens: torch.Tensor, layout: Layout, coordinates: dict, split: str) -> torch.Tensor:
+    """This rank's part of a ``(b, s)`` batch: its replica's b/dp sequences, its cp part of each."""
+    mine = tokens.chunk(layout.dp)[coordinates["dp"]]
+    if layout.cp > 1:
+        mine = split_sequence(mine, 1, layout.cp, coordinates["cp"], split)
+    return mine
+
+
+def _bytes_by_group(trace, parallel: ParallelModel, ring_bytes_before: int) -> dict[str, int]:
+    sent: Counter = Counter()
+    for call in trace.calls:
+        sent[call.group] += call.wire_bytes
+    ring_bytes = sum(sum(r.bytes_sent.values()) for r in parallel.rings)
+    if ring_bytes - ring_bytes_before:
+        sent["cp"] += ring_bytes - ring_bytes_before  # the ring's K/V passes (point-to-point)
+    return dict(sent)
+
+
+def final_parameters(parallel: ParallelModel) -> dict[str, torch.Tensor]:
+    """This rank's parameters by :class:`ParallelGPT` name (collective under FSDP: each
+    unit's shards are all-gathered over dp-cp, so every rank holds its stage's whole share)."""
+    full: dict[int, torch.Tensor] = {}
+    for wrapper in parallel.fsdp:
+        for unit in wrapper.units:
+            flat = torch.empty(unit.group.padded_numel, dtype=unit.shard.dtype)
+            wrapper.comm.all_gather(flat, unit.shard.detach())
+            for p, view in zip(unit.params, unit.group.views(flat), strict=True):
+                full[id(p)] = view.clone()
+    stage_params = [p for m in parallel.stage.chunks.values() for p in m.parameters()]
+    mine = {id(p) for p in stage_params} | set(full)
+    return {
+        name: full[id(p)] if id(p) in full else p.detach().clone()
+        for name, p in parallel.gpt.named_parameters()
+        if id(p) in mine
+    }
+
+
+def _state_tensors(parallel: ParallelModel, holder) -> list[torch.Tensor]:
+    params = parallel.parameters()
+    states, _ = optimizer_state_tensors(holder)
+    return [*params, *(p.grad for p in params), *states]
+
+
+def train(
+    model: GPT,
+    layout: Layout,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    optimizer: str = "sgd",
+    aux_weight: float = 0.0,
+    split: str = "zigzag",
+    algorithm: str = "ring",
+    save_to: str | None = None,
+    save_after: int | None = None,
+    resume_from: str | None = None,
+) -> ComposedRun:
+    """Train ``model`` (the same plain GPT or MoEGPT on every rank) under ``layout`` for
+    ``steps`` steps on the batch ``tokens``/``targets`` (b sequences, the same on every
+    rank); see the module docstring. Call on every rank inside ``distlab.run``.
+
+    ``optimizer``: a key of :data:`OPTIMIZERS`; ``aux_weight``: the MoE balancing loss's
+    weight; ``split``: how sequences are cut over cp; ``algorithm``: distlab's all-reduce
+    for tp and dp (:data:`distlab.parallel.comm.ALGORITHMS`).
+
+    Checkpoints (:mod:`.checkpoint`, any layout): ``resume_from``: a checkpoint folder
+    loaded before the first step (``steps`` then counts the steps still to run);
+    ``save_to`` with ``save_after``: save to that folder after step ``save_after``
+    (counted from the start of training) and go on."""
+    steps, lr = positive_int("steps", steps), positive("lr", lr)
+    aux_weight = nonnegative("aux_weight", aux_weight)
+    if aux_weight and layout.pp > 1:
+        raise ValueError(f"aux_weight={aux_weight} needs pp = 1 here (got pp={layout.pp})")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+    check_batch(tokens, targets, model.config)
+    check_model(model, layout, split=split)
+    check_divisible(
+        "batch", tokens.shape[0], layout.dp * layout.micro_batches, by="dp * micro_batches"
+    )
+    parallel = parallelize(model, layout, split=split, algorithm=algorithm)
+    mesh, where = parallel.mesh, parallel.mesh.coordinates
+    if aux_weight:
+        loss_of_tokens = parallel.stage.loss_fn
+        parallel.stage.loss_fn = lambda logits, t: (
+            loss_of_tokens(logits, t) + aux_weight * aux_loss(parallel.gpt)
+        )
+    step_with, state_holder = make_optimizer(parallel, optimizer, lr)
+    done = 0 if resume_from is None else load_checkpoint(resume_from, parallel, step_with, model)
+    check_save_after(save_to, save_after, done, steps)
+    my_tokens, my_targets = (my_batch(t, layout, where, split) for t in (tokens, targets))
+    data_parallel = Collectives(algorithm, group=mesh["dp-cp"])
+    losses, step_seconds, peak, sent, stats = [], [], 0, [], []
+    my_moe_layers = moe_layers(torch.nn.ModuleList(parallel.stage.chunks.values()))
+    last_stage = where["pp"] == layout.pp - 1
+    for step in range(done + 1, done + steps + 1):
+        start = time.perf_counter()
+        ring_before = sum(sum(r.bytes_sent.values()) for r in parallel.rings)
+        with trace_comm() as trace:
+            name_groups({name: mesh[name] for name in GROUP_NAMES})
+            step_with.zero_grad(set_to_none=True)
+            run = run_pipeline(
+                parallel.schedule, parallel.stage, my_tokens, my_targets,
+                stage_ranks=mesh.ranks("pp"),
+            )  # fmt: skip
+            parallel.finish_gradients()
+            if layout.zero_stage == 0:
+                modules = torch.nn.ModuleList(parallel.stage.chunks.values())
+                average_moe_gradients(modules, mesh, algorithm=algorithm)
+            step_with.step()
+        sent.append(_bytes_by_group(trace, parallel, ring_before))
+        stats.append([routing_stats(layer) for layer in my_moe_layers])  # the last micro-batch
+        if last_stage:
+            loss = torch.tensor([run.loss], dtype=torch.float64)
+            data_parallel.all_reduce_mean_(loss)
+            losses.append(loss.item())
+        step_seconds.append(time.perf_counter() - start)
+        peak = max(peak, run.peak_activation_bytes)
+        if step == save_after:
+            save_checkpoint(save_to, parallel, step_with, model, step=step)
+    shards = final_parameters(parallel)
+    states, _ = optimizer_state_tensors(state_holder)
+    return ComposedRun(
+        rank=dist.get_rank(),
+        layout=layout,
+        coordinates=where,
+        losses=losses if last_stage else None,
+        shards=shards,
+        parameters=sum(t.numel() for t in shards.values()),
+        optimizer_state_bytes=storage_bytes(states),
+        model_state_bytes=storage_bytes(_state_tensors(parallel, state_holder)),
+        step_seconds=step_seconds,
+        peak_activation_bytes=peak,
+        bytes_by_group=sent,
+        moe_stats=stats,
+    )

@@ -1,0 +1,254 @@
+"""``parallelize(model, layout)``: every parallelism of a :class:`~distlab.core.layout.Layout`
+applied to a plain GPT, in one fixed order.
+
+Call it on every rank (inside ``distlab.run`` or under ``torchrun``) with the same
+plain model, :class:`distlab.models.GPT` or :class:`distlab.parallel.moe_gpt.MoEGPT`.
+Each rank keeps its share, in this order (the order of Megatron-core and of
+torchtitan's ``parallelize``: each step works on what the previous one left):
+
+1. **tensor** (Megatron-LM, Shoeybi et al. 2019): q, k, v and fc1 column-parallel,
+   the output projection and fc2 row-parallel, embedding and output layer
+   vocabulary-parallel over the ``"tp"`` group; with ``sequence_parallel`` the
+   LayerNorms, dropout and residual stream hold s/t tokens (Korthikanti et al. 2022);
+2. **context**: each sequence is split over the ``"cp"`` group (``split``:
+   "zigzag" balances causal work, "contiguous" is the plain cut); every block's
+   attention core becomes ring attention over the cp ranks, on this rank's
+   tensor-parallel heads (:class:`~distlab.parallel.compose.blocks.ContextParallelAttention`),
+   and the position embedding uses the tokens' global positions;
+3. **expert**: the MLP of every MoE block becomes an
+   :class:`~distlab.parallel.moe.ExpertParallelMoE` over the ``"ep"`` group
+   (E/ep whole experts per rank, tokens exchanged by all-to-all);
+4. **pipeline** (:func:`cut_stage`): the L blocks are cut into pp x v virtual
+   stages; this rank keeps the chunks of its ``"pp"`` coordinate, the embedding
+   on virtual stage 0 and the head on the last;
+5. **data**: over the ``"dp-cp"`` group (data and context ranks both hold whole
+   copies of the stage and see different tokens), one of: plain averaging of
+   the gradients (``zero_stage=0``), ZeRO-1 or -2 (:class:`~distlab.parallel.zero.ZeroOptimizer`,
+   built by the training loop), or FSDP (``zero_stage=3``: each chunk wrapped in
+   :class:`~distlab.parallel.fsdp.FSDP`, its parameters sharded over dp-cp).
+
+Combinations distlab refuses, each with a ``ValueError`` that says why:
+sequence parallelism with MoE blocks (the TP ranks of a replica must see the same
+tokens to route them alike) or with FSDP (a sequence-parallel gradient is a
+partial sum over tp that FSDP would scatter before it is summed); ZeRO or FSDP
+with ``ep > 1`` (expert gradients are reduced over the expert-data-parallel group,
+not dp-cp); FSDP with tied embeddings across pipeline stages (the tied gradient is
+exchanged after backward, when FSDP has already scattered it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distlab.core.layout import Layout
+from distlab.models import GPT, GPTBlock
+from distlab.parallel.context import Ring, chunk_count
+from distlab.parallel.fsdp import FSDP
+from distlab.parallel.mesh import ParallelMesh, build_mesh
+from distlab.parallel.moe import MoE
+from distlab.parallel.moe_gpt import ParallelMoEBlock
+from distlab.parallel.pipeline import PipelineStage, Schedule, build
+from distlab.parallel.tensor import (
+    ParallelBlock,
+    ParallelGPT,
+    TensorParallelComm,
+    vocab_parallel_cross_entropy,
+)
+from distlab.parallel.tensor.checks import check_divisible
+from distlab.parallel.tensor.layers import block_shard
+from distlab.parallel.tensor.vocab import vocab_shard
+
+from .blocks import ContextParallelAttention, StageEmbedding, StageHead
+
+#: the order parallelize applies the parallelisms in
+ORDER = ("tensor", "context", "expert", "pipeline", "data")
+SPLITS = ("zigzag", "contiguous")
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model under ``layout``.
+
+    ``gpt``: the tensor/context/expert-parallel GPT (every block built; the stage
+    uses its own); ``stage``: the chunks this rank runs, FSDP-wrapped when
+    ``layout.fsdp``; ``schedule``: the pipeline schedule; ``fsdp``: the FSDP
+    wrappers (empty otherwise); ``rings``: the context-parallel rings (their
+    counters hold the K/V bytes sent)."""
+
+    layout: Layout
+    mesh: ParallelMesh
+    gpt: ParallelGPT
+    stage: PipelineStage
+    schedule: Schedule
+    fsdp: list[FSDP]
+    rings: list[Ring]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """What the optimizer steps: the stage's parameters (FSDP: its shards)."""
+        if self.fsdp:
+            return [p for wrapper in self.fsdp for p in wrapper.parameters()]
+        return self.stage.parameters()
+
+    def finish_gradients(self) -> None:
+        """After the pipeline's backward passes: sum the sequence-parallel gradients over tp."""
+        self.gpt.finish_gradients()
+
+
+def check_model(model: GPT, layout: Layout, *, split: str = "zigzag") -> Schedule:
+    """The pipeline schedule ``layout`` names, or ``ValueError`` naming the value unless
+    ``model`` can run under ``layout``: tp | heads and hidden, pp * v | layers, the
+    sequence splits into the cp chunks (and their SP slices), ep | experts, the
+    schedule can run the micro-batches, and none of the refused combinations (module
+    docstring). Needs no process group."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"parallelize takes a distlab GPT or MoEGPT, got {type(model).__name__}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    c, moe = model.config, getattr(model, "moe_config", None)
+    check_divisible("heads", c.heads, layout.tp)
+    check_divisible("hidden", c.hidden, layout.tp)
+    virtual = layout.pp * layout.virtual_stages
+    check_divisible(
+        "layers",
+        c.layers,
+        virtual,
+        by=f"number of virtual stages pp*v = {layout.pp}*{layout.virtual_stages} =",
+    )
+    pieces = chunk_count(layout.cp, split) * (layout.tp if layout.sequence_parallel else 1)
+    check_divisible(
+        "seq_len",
+        c.seq_len,
+        pieces,
+        by=f"number of sequence pieces ({split} over cp, x tp with SP) =",
+    )
+    if moe is not None:
+        check_divisible("num_experts", moe.num_experts, layout.ep, by="expert-parallel size ep")
+    elif layout.ep > 1:
+        raise ValueError(f"ep={layout.ep} needs a model with MoE blocks (MoEGPT), got a dense GPT")
+    if layout.sequence_parallel and moe is not None:
+        raise ValueError("sequence_parallel with MoE blocks is not supported: the TP ranks "
+                         "of a replica must route the same tokens")  # fmt: skip
+    if layout.fsdp and layout.sequence_parallel:
+        raise ValueError("FSDP (zero_stage=3) with sequence_parallel is not supported: "
+                         "sequence-parallel gradients are partial sums over tp")  # fmt: skip
+    if layout.zero_stage and layout.ep > 1:
+        raise ValueError(f"zero_stage={layout.zero_stage} with ep={layout.ep} is not supported: "
+                         "expert gradients reduce over expert_dp, not dp-cp")  # fmt: skip
+    if layout.fsdp and layout.pp > 1 and c.tie_embeddings:
+        raise ValueError("FSDP with pp > 1 needs tie_embeddings=False: the tied gradient is "
+                         "exchanged between stages after FSDP has scattered it")  # fmt: skip
+    if layout.cp > 1 and c.dropout:
+        raise ValueError(f"context parallelism needs dropout 0, got {c.dropout}")
+    return build(
+        layout.pipeline_schedule, layout.pp, layout.micro_batches, chunks=layout.virtual_stages
+    )
+
+
+def _block_maker(layout: Layout, mesh: ParallelMesh, rings: list[Ring], split: str, algorithm):
+    """Steps 2 and 3: the function :class:`ParallelGPT` builds each block with."""
+
+    def make_block(dense: GPTBlock, comm: TensorParallelComm, *, sequence_parallel: bool):
+        if isinstance(dense.mlp, MoE):  # expert parallelism
+            all_to_all = "builtin" if algorithm == "builtin" else "pairwise"
+            block = ParallelMoEBlock(dense, comm, mesh["ep"], all_to_all)
+        else:
+            block = ParallelBlock(dense, comm, sequence_parallel=sequence_parallel)
+        if layout.cp > 1:  # context parallelism: the attention core over the cp ranks
+            ring = Ring(group=mesh["cp"], split=split)
+            rings.append(ring)
+            block.attn = ContextParallelAttention(
+                dense.attn, comm, ring, sequence_parallel=sequence_parallel
+            )
+        return block
+
+    return make_block
+
+
+def cut_stage(gpt: ParallelGPT, stage: int, stages: int, chunks: int = 1) -> PipelineStage:
+    """Step 4: rank ``stage``'s ``chunks`` model chunks of ``gpt`` cut into ``stages * chunks``
+    virtual stages of L/(p v) blocks.
+
+    Chunk c of rank r is virtual stage j = c p + r (Narayanan et al. 2021, Section 2.2.2)
+    and holds blocks j L/(p v) .. (j + 1) L/(p v) - 1; virtual stage 0 also holds the
+    embedding, the last one the head and the vocabulary-parallel loss. With tied
+    embeddings those two ranks share ``tok.weight`` and add each other's part of its
+    gradient after the backward passes (the executor's tied exchange)."""
+    virtual = stages * chunks
+    per_chunk = check_divisible("layers", len(gpt.blocks), virtual, by="pp * virtual stages")
+    modules = {}
+    for chunk in range(chunks):
+        j = chunk * stages + stage
+        layers: list[nn.Module] = list(gpt.blocks[j * per_chunk : (j + 1) * per_chunk])
+        if j == 0:
+            layers.insert(0, StageEmbedding(gpt))
+        if j == virtual - 1:
+            layers.append(StageHead(gpt))
+        modules[chunk] = nn.Sequential(*layers)
+    tied, peer = [], None
+    if gpt.config.tie_embeddings and stages > 1 and stage in (0, stages - 1):
+        tied, peer = [gpt.tok.weight], stages - 1 - stage
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(
+            logits, targets, gpt.comm, start=gpt.tok.start, vocab=gpt.config.vocab
+        )
+
+    return PipelineStage(stage, stages, modules, loss_fn, tied, peer)
+
+
+def dense_shard(name: str, dense: torch.Tensor, t: int, rank: int, vocab: int) -> torch.Tensor:
+    """The slice of the dense GPT's parameter ``name`` that tensor-parallel rank
+    ``rank`` of ``t`` holds in a :class:`ParallelGPT`: vocabulary rows (zero-padded)
+    of ``tok.weight``/``head_weight``, :func:`block_shard` of a block's tensors,
+    everything else whole. (Experts are whole on their expert-parallel rank: see
+    :func:`distlab.parallel.moe_gpt.dense_expert_name` for their dense names.)"""
+    if name.startswith("blocks."):
+        return block_shard(name.split(".", 2)[2], dense, t, rank)
+    if name in ("tok.weight", "head_weight", "head.weight"):
+        start, stop, rows = vocab_shard(vocab, t, rank)
+        padded = dense.new_zeros(rows, dense.shape[1])
+        padded[: stop - start] = dense[start:stop]
+        return padded
+    return dense
+
+
+def parallelize(
+    model: GPT,
+    layout: Layout,
+    *,
+    mesh: ParallelMesh | None = None,
+    split: str = "zigzag",
+    algorithm: str = "ring",
+) -> ParallelModel:
+    """Apply ``layout``'s parallelisms to ``model`` in :data:`ORDER` (module docstring).
+
+    ``mesh``: the job's mesh (built from ``layout`` when omitted; every rank must call);
+    ``split``: how sequences are cut over cp; ``algorithm``: the tensor-parallel
+    all-reduce (:data:`distlab.parallel.comm.ALGORITHMS`)."""
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a distlab Layout, got {type(layout).__name__}")
+    schedule = check_model(model, layout, split=split)
+    if not dist.is_initialized():
+        raise RuntimeError("no process group: call parallelize inside distlab.run(...)")
+    mesh = build_mesh(layout) if mesh is None else mesh
+    if mesh.layout != layout:
+        raise ValueError(f"the mesh was built for {mesh.layout.label()}, not {layout.label()}")
+    where, rings = mesh.coordinates, []
+    comm = TensorParallelComm(algorithm, group=mesh["tp"])  # 1. tensor
+    context = (layout.cp, where["cp"], split) if layout.cp > 1 else None  # 2. context
+    gpt = ParallelGPT(
+        model, comm, sequence_parallel=layout.sequence_parallel, context=context,
+        make_block=_block_maker(layout, mesh, rings, split, algorithm),  # 2. and 3. expert
+    )  # fmt: skip
+    stage = cut_stage(gpt, where["pp"], layout.pp, layout.virtual_stages)  # 4. pipeline
+    wrappers = []
+    if layout.fsdp:  # 5. data: FSDP; ZeRO-1/2 and plain averaging live in the optimizer step
+        for chunk, module in list(stage.chunks.items()):
+            wrapper = FSDP(module, group=mesh["dp-cp"], wrap="layer", algorithm=algorithm)
+            stage.chunks[chunk] = wrapper
+            wrappers.append(wrapper)
+    return ParallelModel(layout, mesh, gpt, stage, schedule, wrappers, rings)
