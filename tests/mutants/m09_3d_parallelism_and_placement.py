@@ -3,7 +3,7 @@
 ASSIGNMENT = "09-3d-parallelism-and-placement"
 
 _RANK = "        return t + tp * (d + dp * p)"
-_RETURN_PLACE = "    return sorted(chosen[: job.world_size])"
+_RETURN_PLACE = "    return sorted(chosen[: layout.world_size])"
 _CANDIDATES = "    candidates = [\n"
 
 MUTANTS = {
@@ -19,12 +19,12 @@ MUTANTS = {
             ],
         ),
         (
-            "builds a MeshLayout",
+            "builds a Layout",
             [
                 (
                     "    dp = world_size // (tp * pp)\n",
                     "    dp = world_size // (tp * pp)\n"
-                    "    mesh = MeshLayout.for_world(world_size, tp=tp, pp=pp)\n"
+                    "    mesh = Layout.for_world(world_size, tp=tp, pp=pp)\n"
                     "    return {name: mesh.groups[name] for name in ('tp', 'dp', 'pp')}\n",
                 )
             ],
@@ -66,12 +66,12 @@ MUTANTS = {
             [
                 (
                     "    per_node = {}\n",
-                    "    return [int(g) for g in place(job, cluster, gpus=free_gpus).gpu_of_rank]\n"
+                    "    return [int(g) for g in place(layout, cluster, gpus=free_gpus).gpu_of_rank]\n"
                     "    per_node = {}\n",
                 )
             ],
         ),
-        ("the naive placement: the first free GPUs", [(_RETURN_PLACE, "    return sorted(free_gpus)[: job.world_size]")]),
+        ("the naive placement: the first free GPUs", [(_RETURN_PLACE, "    return sorted(free_gpus)[: layout.world_size]")]),
         (
             "emptiest nodes first",
             [
@@ -85,7 +85,7 @@ MUTANTS = {
             "partial TP groups kept",
             [
                 (
-                    "    usable = {node: gpus[: len(gpus) // job.tp * job.tp] for node, gpus in per_node.items()}",
+                    "    usable = {node: gpus[: len(gpus) // layout.tp * layout.tp] for node, gpus in per_node.items()}",
                     "    usable = dict(per_node)",
                 )
             ],
