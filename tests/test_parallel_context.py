@@ -180,3 +180,22 @@ def test_context_parallel_block_equals_dense_block(cp, key, split):
         torch.testing.assert_close(res[key]["x_grad"], x.grad[:, mine])
         for name, p in block.named_parameters():
             torch.testing.assert_close(res[key]["grads"][name], p.grad, msg=name)
+
+
+def _traced(rank, world_size):
+    from distlab.parallel.comm_trace import trace_comm
+    from distlab.parallel.context import Ring, ring_attention, split_sequence
+
+    ring = Ring()
+    q, k, v, grad = (split_sequence(t, 2, world_size, rank, "contiguous") for t in inputs())
+    for t in (q, k, v):
+        t.requires_grad_()
+    with trace_comm() as trace:
+        ring_attention(q, k, v, ring, S).backward(grad[:, :, : S // world_size])
+    return [(c.group, c.collective, c.wire_bytes) for c in trace.calls]
+
+
+def test_ring_messages_reach_the_comm_trace_as_cp_sends():
+    block_bytes = 2 * B * A * (S // 2) * D * 4
+    for calls in distlab.run(_traced, 2, timeout=60, show_output=False):
+        assert calls == [("cp", "send", block_bytes), ("cp", "recv", 0)] * 2

@@ -42,6 +42,7 @@ def block_inputs():
 def _worker(rank, world_size):
     torch.set_num_threads(1)
     from distlab.collectives import count_traffic
+    from distlab.parallel.comm_trace import trace_comm
     from distlab.parallel.context import ContextParallelBlock, split_sequence
     from distlab.parallel.ulysses import Ulysses, ulysses_attention
 
@@ -51,7 +52,7 @@ def _worker(rank, world_size):
         q, k, v, grad = (split_sequence(t, 2, world_size, rank, split) for t in inputs())
         for t in (q, k, v):
             t.requires_grad_()
-        with count_traffic() as traffic:
+        with count_traffic() as traffic, trace_comm() as trace:
             y = ulysses_attention(q, k, v, cp, S)
             y.backward(grad)
         out[split] = {
@@ -60,6 +61,7 @@ def _worker(rank, world_size):
             "calls": dict(cp.messages),
             "bytes": dict(cp.bytes_sent),
             "wire": traffic.bytes_sent,
+            "traced": sum(c.wire_bytes for c in trace.calls if c.collective == "all_to_all"),
             "held": cp.kv_bytes_held,
         }
     block = ContextParallelBlock(make_block(), Ulysses(split="zigzag"), seq_len=S)
@@ -113,6 +115,7 @@ def test_four_all_to_alls_each_way_send_what_calc_counts(n):
         assert got["calls"] == ({"forward": 4, "backward": 4} if n > 1 else {})
         assert got["bytes"] == {phase: b for phase, b in per_phase.items()}
         assert got["wire"] == volume.total  # what distlab's all-to-all put on the wire
+        assert got["traced"] == volume.total  # and what the comm trace saw
         assert got["held"] == context_parallel_kv_bytes(
             "ulysses", seq_len=S // n, micro_batch=B, hidden=A * D, cp=n, bytes_per_element=4
         )

@@ -45,6 +45,7 @@ from torch import nn
 from distlab.collectives.buffers import global_rank
 from distlab.models import GPTBlock, dropout
 from distlab.parallel.comm import Collectives
+from distlab.parallel.comm_trace import record_p2p
 
 SPLITS = ("contiguous", "zigzag")
 
@@ -157,6 +158,8 @@ class Ring(ContextGroup):
         ]
         for request in dist.batch_isend_irecv(ops):
             request.wait()
+        record_p2p("send", "cp", self.size, x)
+        record_p2p("recv", "cp", self.size, received)
         self.messages[phase] += 1
         self.bytes_sent[phase] += x.numel() * x.element_size()
         if phase == "forward":
