@@ -467,7 +467,7 @@ def load_checkpoint(path: str | os.PathLike, parallel: ParallelModel, optimizer,
         else:
             for p in _trained_parameters(parallel).values():
                 p.copy_(weights[id(p)])
-                if False:
+                if states[id(p)]:
                     optimizer.state[p] = {k: _clone(v) for k, v in states[id(p)].items()}
     if manifest["layout"] == asdict(parallel.layout):  # the same rank in the same role
         torch.set_rng_state(pieces.rng(dist.get_rank()))
