@@ -2,7 +2,7 @@
 
 One launch per pipeline size runs every schedule (GPipe, 1F1B, interleaved
 with v = 2, ZB-H1; and on 4 ranks, some on 2 and 3, ZB-H2, the V-shaped ZB-V
-and DualPipeV, breadth-first with v = 2) on the tiny GPT (6 blocks, tied embeddings, so the first
+and DualPipeV, the bidirectional DualPipe, breadth-first with v = 2) on the tiny GPT (6 blocks, tied embeddings, so the first
 and last stages share a weight), for a sample of micro-batch counts m in
 1..8: gradients after one step and losses over 10 SGD steps must equal
 training the whole model on the whole batch in one process. Tolerance:
@@ -35,11 +35,12 @@ STEPS, LR = 10, 0.05
 # p: [(schedule, m, v)], m sampled from 1..8 so every p sees small and large m
 CASES = {
     2: [("gpipe", 1, 1), ("1f1b", 3, 1), ("interleaved", 4, 2), ("zb_h1", 2, 1)]
-    + [("zb_v", 3, 2), ("dualpipe_v", 4, 2)],
+    + [("zb_v", 3, 2), ("dualpipe_v", 4, 2), ("dualpipe", 4, 2)],
     3: [("gpipe", 4, 1), ("1f1b", 2, 1), ("interleaved", 3, 2), ("zb_h1", 5, 1)]
     + [("zb_h2", 4, 1), ("breadth_first", 3, 2)],
     4: [("gpipe", 6, 1), ("1f1b", 8, 1), ("interleaved", 4, 2), ("zb_h1", 4, 1)]
-    + [("zb_h2", 8, 1), ("zb_v", 8, 2), ("dualpipe_v", 8, 2), ("breadth_first", 4, 2)],
+    + [("zb_h2", 8, 1), ("zb_v", 8, 2), ("dualpipe_v", 8, 2), ("dualpipe", 8, 2)]
+    + [("breadth_first", 4, 2)],
 }
 
 
@@ -56,7 +57,14 @@ def pipeline_worker(rank, world_size, cases):
     for seed, (name, m, v) in enumerate(cases):
         model = GPT(CONFIG, seed=0)
         schedule = build(name, world_size, m, chunks=v)
-        stage = gpt_stage(model, rank, world_size, chunks=v, placement=schedule.placement)
+        stage = gpt_stage(
+            model,
+            rank,
+            world_size,
+            chunks=v,
+            placement=schedule.placement,
+            bidirectional=schedule.bidirectional,
+        )
         optimizer = torch.optim.SGD(stage.parameters(), lr=LR, momentum=0.9)
         tokens, targets = batch_for(m, seed)
         losses, first = [], None
@@ -114,12 +122,18 @@ def test_gradients_and_losses_equal_single_process(launched):
         assert grads.keys() == want_grads.keys(), (name, m, v)
         for key, want in want_grads.items():
             torch.testing.assert_close(grads[key], want, rtol=1e-5, atol=1e-6, msg=key)
-        # the rank holding the last virtual stage has the loss: p - 1, or 0 for a V
-        last = build(name, p, m, chunks=v).stage_to_rank[-1]
-        assert last == (0 if name in ("zb_v", "dualpipe_v") else p - 1)
-        losses = results[last][index]["losses"]
-        others = [r for i, r in enumerate(results) if i != last]
-        assert all(rank_results[index]["losses"][0] is None for rank_results in others)
+        # the rank holding the last virtual stage has the loss: p - 1, or 0 for a V;
+        # DualPipe's two directions end on ranks 0 and p - 1, each with its half
+        schedule = build(name, p, m, chunks=v)
+        ends = {schedule.rank_of(schedule.route(i)[1]) for i in range(m)}
+        expected_ends = (
+            {0, p - 1} if name == "dualpipe" else {0} if schedule.placement == "v" else {p - 1}
+        )
+        assert ends == expected_ends
+        assert all(
+            (r[index]["losses"][0] is None) == (i not in ends) for i, r in enumerate(results)
+        )
+        losses = [sum(results[i][index]["losses"][step] for i in ends) for step in range(STEPS)]
         assert losses == pytest.approx(want_losses, rel=1e-5), (name, m, v)
         assert losses[-1] < losses[0]
 
@@ -138,9 +152,10 @@ def test_measured_timeline_respects_dependencies(launched):
             end[(e.action.kind if e.action.kind != "I" else "B", j, e.action.micro_batch)] = e.end
         for e in timeline.entries:
             j, i = schedule.virtual_stage(e.rank, e.action.chunk), e.action.micro_batch
-            if e.action.kind == "F" and j > 0:
+            first, last = schedule.route(i)
+            if e.action.kind == "F" and j > first:
                 assert e.start >= end[("F", j - 1, i)]
-            if e.action.kind in ("B", "I") and j < p * v - 1:
+            if e.action.kind in ("B", "I") and j < last:
                 assert e.start >= end[("B", j + 1, i)]
         assert 0 < timeline.bubble_fraction < 1
 
@@ -149,14 +164,15 @@ def test_in_flight_activations_as_the_schedule_and_papers_say(launched):
     p, results = launched
     for index, (name, m, v) in enumerate(CASES[p]):
         runs = [r[index]["run"] for r in results]
-        predicted = check(build(name, p, m, chunks=v))
+        schedule = build(name, p, m, chunks=v)
+        predicted = check(schedule)
         assert tuple(run.peak_in_flight for run in runs) == predicted.peak_in_flight
         first = runs[0]
         expected = in_flight_micro_batches(p, m, schedule=name, virtual_stages=v)
-        assert first.peak_in_flight / v == pytest.approx(expected)
+        assert first.peak_in_flight * schedule.chunk_share == pytest.approx(expected)
         if v == 1 and name != "zb_h2":  # peak = in flight x one micro-batch's bytes
             assert first.peak_activation_bytes == expected * first.activation_bytes[0]
-        if name in ("zb_h1", "zb_h2", "zb_v", "dualpipe_v"):
+        if name in ("zb_h1", "zb_h2", "zb_v", "dualpipe_v", "dualpipe"):
             assert max(run.peak_pending_weight_grads for run in runs) > 0
 
 

@@ -29,6 +29,7 @@ ALL = [
     ("zb_h2", 1),
     ("zb_v", 2),
     ("dualpipe_v", 2),
+    ("dualpipe", 2),
     ("breadth_first", 2),
 ]
 
@@ -46,9 +47,11 @@ def test_imports_without_torch():
 def test_text_form_round_trips(name, v):
     plan = build(name, 4, 8, chunks=v)
     mapping = plan.stage_to_rank  # the text form has no mapping: V-shaped ones pass it
-    assert Schedule.parse(str(plan), stage_to_rank=mapping) == plan
+    both = plan.bidirectional
+    assert Schedule.parse(str(plan), stage_to_rank=mapping, bidirectional=both) == plan
     lowered = with_communication(plan)
-    assert Schedule.parse(str(lowered), chunks=v, stage_to_rank=mapping) == lowered
+    again = Schedule.parse(str(lowered), chunks=v, stage_to_rank=mapping, bidirectional=both)
+    assert again == lowered
 
 
 def test_text_form_reads_by_hand():
@@ -232,6 +235,10 @@ def test_declared_micro_batches_lets_check_name_an_out_of_range_action():
 @pytest.mark.parametrize(("name", "v"), ALL)
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 6), (4, 8), (4, 16)])
 def test_every_generator_is_complete_and_deadlock_free(name, v, p, m):
+    if name == "dualpipe" and p % 2:
+        with pytest.raises(ValueError, match="DualPipe needs an even number of stages"):
+            build(name, p, m, chunks=v)
+        return
     plan = build(name, p, m, chunks=v)
     timeline = check(plan)
     assert plan.chunks == chunks_of(name, v) and plan.micro_batches == m
@@ -275,8 +282,10 @@ def test_new_schedules_name_what_they_cannot_do():
         build("zb_v", 4, 8, chunks=3)
     assert chunks_of("zb_v") == chunks_of("dualpipe_v", 2) == 2
     assert chunks_of("breadth_first", 3) == 3 and chunks_of("zb_h2") == 1
-    with pytest.raises(ValueError, match="unknown schedule 'dualpipe'"):
-        chunks_of("dualpipe")
+    with pytest.raises(ValueError, match="unknown schedule 'dual_pipe'"):
+        chunks_of("dual_pipe")
+    with pytest.raises(ValueError, match="DualPipe needs an even number of stages"):
+        build("dualpipe", 4, 6)
 
 
 def test_layout_accepts_every_generated_schedule():
@@ -284,3 +293,31 @@ def test_layout_accepts_every_generated_schedule():
 
     for name in GENERATORS:
         assert Layout(pp=4, schedule=name, micro_batches=8).pipeline_schedule == name
+
+
+def test_dualpipe_runs_two_pipelines_one_each_way():
+    """DeepSeek-V3's DualPipe: micro-batches 0..m/2-1 go down ranks 0..p-1 (stages 0..p-1),
+    the others up ranks p-1..0 (stages p..2p-1); stage j runs model part j mod p, so rank r
+    holds parts r and p - 1 - r; each chunk is a whole stage of one copy."""
+    plan = build("dualpipe", 4, 8)
+    assert plan.bidirectional and plan.placement == "v" and plan.chunk_share == 1
+    assert plan.route(3) == (0, 3) and plan.route(4) == (4, 7)
+    assert [plan.model_part(plan.virtual_stage(1, c)) for c in range(2)] == [1, 2]
+    assert {a.micro_batch for a in plan.ranks[0] if a.chunk == 0} == set(range(4))
+    assert {a.micro_batch for a in plan.ranks[0] if a.chunk == 1} == set(range(4, 8))
+    lowered = with_communication(plan)
+    assert Action(0, "SF", 0) not in lowered.ranks[3]  # stage 3 ends micro-batch 0's route
+    assert Action(1, "RF", 4) not in lowered.ranks[3]  # stage 4 starts micro-batch 4's
+    timeline = replay(plan, forward_time=1, backward_time=2)
+    assert timeline.makespan == replay(lowered, forward_time=1, backward_time=2).makespan
+    # a chunk that runs a micro-batch outside its route is named
+    wrong = Schedule(
+        ((Action(0, "F", 4),),) + plan.ranks[1:], 2, micro_batches=8,
+        stage_to_rank=plan.stage_to_rank, bidirectional=True,
+    )  # fmt: skip
+    with pytest.raises(ScheduleError, match="micro-batch 4 goes through stages 4..7 only"):
+        check(wrong)
+    with pytest.raises(ValueError, match="needs an even number of virtual stages and of"):
+        Schedule(
+            plan.ranks, 2, micro_batches=7, stage_to_rank=plan.stage_to_rank, bidirectional=True
+        )

@@ -36,6 +36,11 @@ check each against the replay):
   p + 1/2 (DualPipeV) micro-batches' activations on the first rank. The
   DeepSeek-V3 report's own count, (PP/2 - 1)(F&B + B - 3W)
   (:func:`dualpipe_bubble_time`), assumes sends that leave in batches.
+* DualPipe (DeepSeek-AI 2024): two copies of the model, micro-batches entering
+  from both ends; each rank runs a whole stage of each copy, so the staggered
+  ends cost as for the V but over p - 2 ranks' worth: (p-2)/(6m + p - 2) of the
+  step, with p + 1 micro-batches' activations on the first rank and twice the
+  parameters.
 * Breadth-first looping (Lamy-Poirier 2023): the interleaved bubble
   (p-1)/(v m + p - 1) with GPipe's memory (m micro-batches in flight).
 
@@ -98,6 +103,9 @@ def bubble_fraction(
     ``"zb_v"`` and ``"dualpipe_v"`` at T_F = T_I = T_W: each rank idles half a
     forward per stage before it starts and after it ends, (p-1) T_F / 2 against
     an ideal 3 m T_F: (p-1)/(6m) of the ideal, (p-1)/(6m + p - 1) of the step.
+    ``"dualpipe"`` at T_F = T_I = T_W: (p-2) T_F / 2 per rank, (p-2)/(6m) of the
+    ideal and (p-2)/(6m + p - 2) of the step (the replay's count; DeepSeek's table,
+    :func:`dualpipe_bubble_time`, counts batched sends).
     ``"breadth_first"``: as ``"interleaved"`` with v = ``virtual_stages``.
     """
     p, m, v = _check(stages, micro_batches, schedule, virtual_stages)
@@ -107,7 +115,8 @@ def bubble_fraction(
         return (p - 1) / (3 * m) if relative_to == "ideal" else (p - 1) / (3 * m + p - 1)
     if schedule in V_SHAPED:
         build(schedule, p, m)  # names an m too small for the schedule
-        return (p - 1) / (6 * m) if relative_to == "ideal" else (p - 1) / (6 * m + p - 1)
+        k = p - 2 if schedule == "dualpipe" else p - 1
+        return k / (6 * m) if relative_to == "ideal" else k / (6 * m + k)
     if schedule == "breadth_first" and m < p:
         raise ValueError(
             f"the breadth-first closed form needs micro_batches >= stages (a chunk's round "
@@ -139,6 +148,7 @@ def in_flight_micro_batches(
     * ZB-V: p, as 1F1B: 2p chunks of L/(2p) layers (Qi et al. 2024, Section 6);
     * DualPipeV: p + 1/2: 2p + 1 chunks of L/(2p) layers (the DeepSeek-V3
       report's PP + 1 chunks, with chunks of half a stage);
+    * DualPipe: p + 1, the report's PP + 1 (each chunk a whole stage of one copy);
     * breadth-first: m, as GPipe (every forward before any backward).
     """
     p, m, v = _check(stages, micro_batches, schedule, virtual_stages)
@@ -150,7 +160,7 @@ def in_flight_micro_batches(
         return min(2 * p - 1, m)
     if schedule in V_SHAPED:
         build(schedule, p, m)  # names an m too small for the schedule
-        return p if schedule == "zb_v" else p + 0.5
+        return {"zb_v": p, "dualpipe_v": p + 0.5, "dualpipe": p + 1}[schedule]
     return min(m * v, v * p + p - 1) / v
 
 

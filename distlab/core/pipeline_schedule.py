@@ -116,6 +116,11 @@ class Schedule:
     ``stage_to_rank[j]`` is the rank that holds virtual stage j (default: the
     loop mapping, see :func:`stage_to_rank`); chunk c of a rank is the c-th
     lowest stage it holds.
+
+    ``bidirectional`` (DualPipe): the n = p v virtual stages are two pipelines
+    of n/2 stages, each a copy of the whole model cut in n/2 parts (stage j
+    holds part j mod n/2); the first m/2 micro-batches go through stages
+    0..n/2-1, the others through n/2..n-1 (:meth:`route`).
     """
 
     ranks: tuple[tuple[Action, ...], ...]
@@ -123,6 +128,7 @@ class Schedule:
     name: str = field(default="custom", compare=False)
     micro_batches: int = field(default=None, kw_only=True)  # type: ignore[assignment]
     stage_to_rank: tuple[int, ...] = field(default=None, kw_only=True)  # type: ignore[assignment]
+    bidirectional: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.ranks:
@@ -147,6 +153,30 @@ class Schedule:
             mapping = stage_to_rank(p, v)
         object.__setattr__(self, "stage_to_rank", tuple(mapping))
         _check_mapping(self.stage_to_rank, p, v)
+        if self.bidirectional and (p * v % 2 or self.micro_batches % 2):
+            raise ValueError(
+                f"a bidirectional schedule needs an even number of virtual stages and of "
+                f"micro-batches; got {p * v} stages, micro_batches={self.micro_batches}"
+            )
+
+    def route(self, micro_batch: int) -> tuple[int, int]:
+        """(first, last) virtual stage that micro-batch ``micro_batch`` goes through: 0 and
+        p v - 1, or for a bidirectional schedule one half of the stages (see the class)."""
+        n = self.stages * self.chunks
+        if not self.bidirectional:
+            return 0, n - 1
+        return (0, n // 2 - 1) if micro_batch < self.micro_batches // 2 else (n // 2, n - 1)
+
+    @property
+    def chunk_share(self) -> float:
+        """The share of a whole stage's work (L/p layers) one chunk holds: 1/v, or 2/v for
+        a bidirectional schedule, whose 2 chunks are each a whole stage of one copy."""
+        return (2 if self.bidirectional else 1) / self.chunks
+
+    def model_part(self, virtual_stage: int) -> int:
+        """Which part of the model (cut in p v parts, or p v / 2 if bidirectional) stage j runs."""
+        n = self.stages * self.chunks
+        return virtual_stage % (n // 2) if self.bidirectional else virtual_stage
 
     @property
     def stages(self) -> int:
@@ -195,17 +225,25 @@ class Schedule:
         name: str = "custom",
         micro_batches: int | None = None,
         stage_to_rank: Sequence[int] | None = None,
+        bidirectional: bool = False,
     ) -> Schedule:
         """Read ``str(schedule)`` back: one line per rank, ``"rank 0: 0F0 0B0"`` or just
         ``"0F0 0B0"``. ``chunks`` defaults to one more than the largest chunk used;
-        ``micro_batches`` and ``stage_to_rank`` as in :class:`Schedule`."""
+        ``micro_batches``, ``stage_to_rank`` and ``bidirectional`` as in :class:`Schedule`."""
         rows = []
         for line in text.strip().splitlines():
             body = line.split(":", 1)[1] if ":" in line else line
             rows.append(tuple(Action.parse(word) for word in body.split()))
         v = chunks if chunks is not None else 1 + max((a.chunk for r in rows for a in r), default=0)
         mapping = None if stage_to_rank is None else tuple(stage_to_rank)
-        return cls(tuple(rows), v, name, micro_batches=micro_batches, stage_to_rank=mapping)
+        return cls(
+            tuple(rows),
+            v,
+            name,
+            micro_batches=micro_batches,
+            stage_to_rank=mapping,
+            bidirectional=bidirectional,
+        )
 
 
 def _check_mapping(mapping: tuple[int, ...], p: int, v: int) -> None:
@@ -495,6 +533,50 @@ def _dualpipe_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
     return tuple(row)
 
 
+def dualpipe(stages: int, micro_batches: int) -> Schedule:
+    """DualPipe (DeepSeek-AI 2024, DeepSeek-V3 report Section 3.2.1, Figure 5): two
+    pipelines in opposite directions on the same p ranks, each a copy of the model.
+
+    Micro-batches 0..m/2-1 enter at rank 0 and go down (virtual stages 0..p-1,
+    stage k on rank k), micro-batches m/2..m-1 enter at rank p-1 and go up
+    (stages p..2p-1, stage p + k on rank p - 1 - k); stage j runs model part
+    j mod p, so rank r holds parts r and p - 1 - r and, with its mirror rank
+    p - 1 - r, adds up both copies' gradients after the step. Chunk 0 of rank r
+    is its down stage, chunk 1 its up stage (the V mapping with
+    ``bidirectional=True``).
+
+    Rank r's order has :func:`dualpipe_v`'s eight phases with h = min(r, p-1-r)
+    in place of r and p/2 in place of p, where "chunk 0" is the direction the
+    rank meets first: down for the first half of the ranks, up for the second.
+    Needs an even p and an even m >= 2p. Twice the parameters per rank; rank 0
+    holds p + 1 micro-batches' activations at its peak (the report's PP + 1).
+    """
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    if p % 2 or m % 2 or m < 2 * p:
+        raise ValueError(
+            f"DualPipe needs an even number of stages and an even micro_batches >= 2 * stages; "
+            f"got stages={p}, micro_batches={m}"
+        )
+    ranks = []
+    for r in range(p):
+        near = 0 if r < p // 2 else 1  # the chunk whose pipeline this rank meets first
+        half = _dualpipe_v_rank(p // 2, m // 2, min(r, p - 1 - r))
+        ranks.append(
+            tuple(
+                Action(a.chunk ^ near, a.kind, a.micro_batch + (m // 2 if a.chunk ^ near else 0))
+                for a in half
+            )
+        )
+    return Schedule(
+        tuple(ranks),
+        2,
+        "dualpipe",
+        micro_batches=m,
+        stage_to_rank=stage_to_rank(p, 2, "v"),
+        bidirectional=True,
+    )
+
+
 def breadth_first(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
     """Breadth-first looping (Lamy-Poirier 2023, "Breadth-First Pipeline
     Parallelism"; torch's ``ScheduleLoopedBFS``): v = ``chunks`` per rank, loop
@@ -532,12 +614,14 @@ GENERATORS = {
     "zb_h2": zb_h2,
     "zb_v": zb_v,
     "dualpipe_v": dualpipe_v,
+    "dualpipe": dualpipe,
     "breadth_first": breadth_first,
 }
 LOOPING = ("interleaved", "breadth_first")
 """Schedules that take ``chunks`` (v model chunks per rank, loop placement)."""
-V_SHAPED = ("zb_v", "dualpipe_v")
-"""Schedules with two chunks per rank in a V (:func:`stage_to_rank` ``"v"``)."""
+V_SHAPED = ("zb_v", "dualpipe_v", "dualpipe")
+"""Schedules with two chunks per rank in a V (:func:`stage_to_rank` ``"v"``; DualPipe's V
+is two pipelines, one each way)."""
 
 
 def chunks_of(name: str, chunks: int = 1) -> int:
@@ -575,18 +659,18 @@ def with_communication(schedule: Schedule) -> Schedule:
     output a next stage needs, ``RB``/``SB`` likewise around each ``B`` or ``I``."""
     if any(a.kind in COMM_KINDS for r in schedule.ranks for a in r):
         return schedule
-    last = schedule.stages * schedule.chunks - 1
     rows = []
     for r, acts in enumerate(schedule.ranks):
         row: list[Action] = []
         for a in acts:
             j = schedule.virtual_stage(r, a.chunk)
+            first, last = schedule.route(a.micro_batch)
             if a.kind == "F":
-                row += [Action(a.chunk, "RF", a.micro_batch)] if j > 0 else []
+                row += [Action(a.chunk, "RF", a.micro_batch)] if j > first else []
                 row += [a] + ([Action(a.chunk, "SF", a.micro_batch)] if j < last else [])
             elif a.kind in ("B", "I"):
                 row += [Action(a.chunk, "RB", a.micro_batch)] if j < last else []
-                row += [a] + ([Action(a.chunk, "SB", a.micro_batch)] if j > 0 else [])
+                row += [a] + ([Action(a.chunk, "SB", a.micro_batch)] if j > first else [])
             else:
                 row.append(a)
         rows.append(tuple(row))
@@ -596,4 +680,5 @@ def with_communication(schedule: Schedule) -> Schedule:
         schedule.name,
         micro_batches=schedule.micro_batches,
         stage_to_rank=schedule.stage_to_rank,
+        bidirectional=schedule.bidirectional,
     )

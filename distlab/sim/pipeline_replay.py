@@ -85,9 +85,9 @@ class Timeline:
         return sum(self.idle) / sum(self.busy)
 
 
-def _cost(value: float | Sequence[float], j: int, v: int, name: str) -> float:
+def _cost(value: float | Sequence[float], j: int, share: float, name: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value / v
+        return value * share
     return float(value[j])
 
 
@@ -115,7 +115,8 @@ def replay(
     (naming the rank and action) if the schedule is incomplete or deadlocks.
 
     Costs: ``forward_time``/``backward_time`` per micro-batch through one rank's
-    whole stage (a chunk takes 1/v of it), or a sequence with one entry per
+    whole stage (a chunk takes :attr:`~Schedule.chunk_share` of it: 1/v, or a whole
+    stage for each of DualPipe's two copies), or a sequence with one entry per
     virtual stage, in seconds. A split backward costs ``(1 - weight_fraction)``
     of ``backward_time`` for ``I`` and ``weight_fraction`` for ``W``.
     ``p2p_time(src, dst)``: seconds for one activation or gradient message
@@ -143,7 +144,7 @@ def replay(
             while pos[r] < len(schedule.ranks[r]):
                 a = schedule.ranks[r][pos[r]]
                 j = schedule.virtual_stage(r, a.chunk)
-                needs = _needs(a, j, p * v - 1, explicit, schedule)
+                needs = _needs(a, j, explicit, schedule)
                 if any(token not in done for token, _ in needs):
                     break
                 # a message from another rank arrives p2p_time after it was made
@@ -152,7 +153,9 @@ def replay(
                     for token, src in ((t, schedule.rank_of(maker)) for t, maker in needs)
                 ]
                 ready = max([free[r], *arrivals])
-                cost = _action_cost(a, j, v, forward_time, backward_time, weight_fraction)
+                cost = _action_cost(
+                    a, j, schedule.chunk_share, forward_time, backward_time, weight_fraction
+                )
                 done[(_produces(a.kind), j, a.micro_batch)] = ready + cost
                 free[r] = ready + cost
                 if a.kind in COMPUTE_KINDS:
@@ -190,18 +193,18 @@ def _produces(kind: str) -> str:
     return {"F": "act", "B": "grad", "I": "grad", "W": "wgrad"}.get(kind, kind)
 
 
-def _needs(
-    a: Action, j: int, last: int, explicit: bool, schedule: Schedule
-) -> list[tuple[tuple, int]]:
+def _needs(a: Action, j: int, explicit: bool, schedule: Schedule) -> list[tuple[tuple, int]]:
     """(token, virtual stage that makes it) pairs the action waits for; a message is
-    only needed from a neighbouring stage on another rank."""
+    only needed from a neighbouring stage on another rank. The micro-batch's route
+    (:meth:`Schedule.route`) says where its pipeline starts and ends."""
     i = a.micro_batch
+    first, last = schedule.route(i)
 
     def by_message(k: int) -> bool:
         return explicit and schedule.rank_of(k) != schedule.rank_of(j)
 
     if a.kind == "F":
-        if j == 0:
+        if j == first:
             return []
         return [(("RF", j, i), j)] if by_message(j - 1) else [(("act", j - 1, i), j - 1)]
     if a.kind in ("B", "I"):
@@ -220,11 +223,11 @@ def _needs(
     return [(("SB", j + 1, i), j + 1)]  # RB
 
 
-def _action_cost(a, j, v, forward_time, backward_time, weight_fraction) -> float:
+def _action_cost(a, j, share, forward_time, backward_time, weight_fraction) -> float:
     if a.kind == "F":
-        return _cost(forward_time, j, v, "forward_time")
+        return _cost(forward_time, j, share, "forward_time")
     if a.kind in ("B", "I", "W"):
-        full = _cost(backward_time, j, v, "backward_time")
+        full = _cost(backward_time, j, share, "backward_time")
         return {"B": full, "I": full * (1 - weight_fraction), "W": full * weight_fraction}[a.kind]
     return 0.0
 
@@ -242,9 +245,15 @@ def _check_complete(schedule: Schedule) -> None:
                     f"rank {r}: action {a} (position {position}) uses micro-batch "
                     f"{a.micro_batch}, but m={m} (micro-batches 0..{m - 1})"
                 )
-            j, last = schedule.virtual_stage(r, a.chunk), schedule.stages * v - 1
-            if (a.kind in ("RF", "SB") and j == 0) or (a.kind in ("SF", "RB") and j == last):
-                end = "first" if j == 0 else "last"
+            j = schedule.virtual_stage(r, a.chunk)
+            first, last = schedule.route(a.micro_batch)
+            if not first <= j <= last:
+                raise ScheduleError(
+                    f"rank {r}: action {a} runs stage {j}, but micro-batch {a.micro_batch} "
+                    f"goes through stages {first}..{last} only"
+                )
+            if (a.kind in ("RF", "SB") and j == first) or (a.kind in ("SF", "RB") and j == last):
+                end = "first" if j == first else "last"
                 raise ScheduleError(f"rank {r}: action {a} talks past the {end} stage")
             if a in seen:
                 raise ScheduleError(
@@ -252,7 +261,10 @@ def _check_complete(schedule: Schedule) -> None:
                 )
             seen[a] = position
         for c in range(v):
+            j = schedule.virtual_stage(r, c)
             for i in range(m):
+                if not schedule.route(i)[0] <= j <= schedule.route(i)[1]:
+                    continue
                 whole, split = Action(c, "B", i) in seen, Action(c, "I", i) in seen
                 missing = [Action(c, "F", i)] if Action(c, "F", i) not in seen else []
                 if whole and split:
@@ -277,14 +289,14 @@ def _check_complete(schedule: Schedule) -> None:
 
 
 def _deadlock_message(schedule: Schedule, pos: list[int], done: dict, explicit: bool) -> str:
-    p, last = schedule.stages, schedule.stages * schedule.chunks - 1
+    p = schedule.stages
     waits = []
     for r in range(p):
         if pos[r] == len(schedule.ranks[r]):
             continue
         a = schedule.ranks[r][pos[r]]
         j = schedule.virtual_stage(r, a.chunk)
-        missing = [t for t, _ in _needs(a, j, last, explicit, schedule) if t not in done]
+        missing = [t for t, _ in _needs(a, j, explicit, schedule) if t not in done]
         what = "; ".join(f"{_describe(t)} from rank {schedule.rank_of(t[1])}" for t in missing)
         waits.append(f"rank {r} waits at action {a} (position {pos[r]}) for {what}")
     return "schedule deadlocks: " + "; ".join(waits)

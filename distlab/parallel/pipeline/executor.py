@@ -107,7 +107,11 @@ def run_pipeline(
     Any ``stage_to_rank`` runs (loop or V): the stage must hold the virtual
     stages the schedule gives its rank, the loss is on the rank that holds the
     last one (rank 0 for a V), and two neighbouring stages on the same rank
-    (the turn of a V) hand their tensor over in memory, with no message."""
+    (the turn of a V) hand their tensor over in memory, with no message. A
+    bidirectional schedule (DualPipe) reads each micro-batch's tokens and
+    computes its loss at the ends of its own route (:meth:`Schedule.route`), so
+    ranks 0 and p - 1 each hold part of the loss; each rank then adds its
+    mirror's gradients (``gpt_stage(..., bidirectional=True)``)."""
     check(schedule)  # raises ScheduleError naming the rank and action
     m = schedule.micro_batches
     if inputs.shape[0] % m or inputs.shape[0] < m:
@@ -131,6 +135,12 @@ def run_pipeline(
         )
     held = tuple(stage.virtual_stage(c) for c in range(stage.num_chunks))
     wanted = tuple(schedule.virtual_stage(rank, c) for c in range(schedule.chunks))
+    if schedule.bidirectional != (stage.mirror is not None):
+        raise ValueError(
+            f"rank {me}: the schedule is {'' if schedule.bidirectional else 'not '}bidirectional "
+            f"but the stage {'has no' if stage.mirror is None else 'has a'} mirror; cut the "
+            f"model with gpt_stage(..., bidirectional={schedule.bidirectional})"
+        )
     if held != wanted:
         raise ValueError(
             f"rank {me}: the schedule ({schedule.placement} placement) gives this rank virtual "
@@ -211,7 +221,7 @@ class _Runner:
         self.schedule, self.stage, self.peers = schedule, stage, peers
         self.inputs, self.targets = inputs, targets
         self.m, self.v = schedule.micro_batches, schedule.chunks
-        self.sleep = {k: s / self.v for k, s in fixed_cost.items()}
+        self.sleep = {k: s * schedule.chunk_share for k, s in fixed_cost.items()}
         params = stage.parameters()
         self.device = params[0].device if params else torch.device("cpu")
         self.model_state = {p.untyped_storage().data_ptr() for p in params}
@@ -220,7 +230,7 @@ class _Runner:
         self.sends: list = []  # open isend works
         self.sent: list[torch.Tensor] = []  # their tensors, alive until the sends complete
         self.entries: list[TimedAction] = []
-        self.loss = 0.0
+        self.loss, self.has_loss = 0.0, False
         self.held = self.pending = self.held_bytes = 0
         self.peaks = [0, 0, 0]
         self.activation_bytes: dict[int, int] = {}
@@ -293,8 +303,13 @@ class _Runner:
             max(p, n) for p, n in zip(self.peaks, (self.held, self.pending, self.held_bytes))
         ]
 
+    def _ends(self, c: int, i: int) -> tuple[bool, bool]:
+        """Is chunk c the first, the last stage of micro-batch i's route?"""
+        j, (first, last) = self.stage.virtual_stage(c), self.schedule.route(i)
+        return j == first, j == last
+
     def _F(self, c: int, i: int) -> None:
-        if self.stage.is_first(c):
+        if self._ends(c, i)[0]:
             x = self.inputs[i].to(self.device)
         else:
             x = self.received.pop(("act", c, i)).requires_grad_(True)
@@ -308,9 +323,10 @@ class _Runner:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.stage.chunks[c](x)
-            if self.stage.is_last(c):
+            if self._ends(c, i)[1]:
                 out = self.stage.loss_fn(out, self.targets[i].to(self.device)) / self.m
                 self.loss += float(out.detach())
+                self.has_loss = True
         nbytes = sum(saved.values())
         self.activation_bytes[c] = nbytes
         self.stash[(c, i)] = (x, out, nbytes)
@@ -318,7 +334,7 @@ class _Runner:
         self.held_bytes += nbytes
 
     def _output_grad(self, c: int, i: int, out: torch.Tensor):
-        if self.stage.is_last(c):
+        if self._ends(c, i)[1]:
             return None
         grad = self.received.pop(("grad", c, i))
         if grad.shape != out.shape:
@@ -331,7 +347,7 @@ class _Runner:
     def _B(self, c: int, i: int) -> None:
         x, out, nbytes = self.stash.pop((c, i))
         out.backward(self._output_grad(c, i, out))
-        if not self.stage.is_first(c):
+        if not self._ends(c, i)[0]:
             self.received[("input_grad", c, i)] = x.grad
         self.held -= 1
         self.held_bytes -= nbytes
@@ -340,7 +356,7 @@ class _Runner:
         x, out, nbytes = self.stash[(c, i)]
         grad = self._output_grad(c, i, out)
         self.stash[(c, i)] = (x, out, nbytes, grad)
-        if not self.stage.is_first(c):
+        if not self._ends(c, i)[0]:
             (self.received[("input_grad", c, i)],) = torch.autograd.grad(
                 out, x, grad, retain_graph=True
             )
@@ -360,15 +376,32 @@ class _Runner:
             work.wait()
         self.sends, self.sent = [], []
         self._sum_tied_gradients()
+        self._sum_mirror_gradients()
         return RankRun(
             self.stage.rank,
             self.entries,
-            self.loss if any(self.stage.is_last(c) for c in range(self.v)) else None,
+            self.loss if self.has_loss else None,
             self.peaks[0],
             self.peaks[1],
             self.peaks[2],
             self.activation_bytes,
         )
+
+    def _sum_mirror_gradients(self) -> None:
+        """DualPipe: this rank and its mirror hold the same model parts, one copy per
+        direction; each adds the other's gradients, parameter by parameter."""
+        if self.stage.mirror is None:
+            return
+        peer = self.peers[self.stage.mirror]
+        for p in self.stage.parameters():
+            mine = p.grad if p.grad is not None else torch.zeros_like(p)
+            theirs = torch.empty_like(mine)
+            work = dist.isend(mine.contiguous(), peer, tag=(1 << 30) + 2)
+            dist.recv(theirs, peer, tag=(1 << 30) + 2)
+            work.wait()
+            record_p2p("send", "dualpipe mirror", 2, mine)
+            record_p2p("recv", "dualpipe mirror", 2, theirs)
+            p.grad = mine + theirs
 
     def _sum_tied_gradients(self) -> None:
         """Stages 0 and p - 1 add each other's part of a shared weight's gradient."""

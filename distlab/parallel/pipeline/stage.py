@@ -43,7 +43,9 @@ class PipelineStage:
     """Rank ``rank``'s chunks of a model cut into ``stages * num_chunks`` virtual stages.
 
     ``stage_ids[c]``: the virtual stage chunk c runs; ``None`` means the loop
-    placement, c p + r."""
+    placement, c p + r. ``mirror``: for DualPipe, the rank that holds the same
+    model parts in the other direction's copy; after the backward the two add
+    each other's gradients (every parameter, in ``parameters()`` order)."""
 
     rank: int
     stages: int
@@ -52,6 +54,7 @@ class PipelineStage:
     tied: list[nn.Parameter] = field(default_factory=list)
     tied_peer: int | None = None
     stage_ids: tuple[int, ...] | None = None
+    mirror: int | None = None
 
     @property
     def num_chunks(self) -> int:
@@ -69,10 +72,17 @@ class PipelineStage:
         return self.virtual_stage(chunk) == self.stages * self.num_chunks - 1
 
     def parameters(self) -> list[nn.Parameter]:
-        """This rank's parameters, each once."""
+        """This rank's parameters, each once, chunk by chunk in virtual-stage order (for
+        DualPipe in model-part order, so that a rank and its mirror list them alike)."""
+        n = self.stages * self.num_chunks
+
+        def order(chunk: int) -> int:
+            j = self.virtual_stage(chunk)
+            return j % (n // 2) if self.mirror is not None else j
+
         seen: dict[int, nn.Parameter] = {}
-        for module in self.chunks.values():
-            for p in module.parameters():
+        for chunk in sorted(self.chunks, key=order):
+            for p in self.chunks[chunk].parameters():
                 seen.setdefault(id(p), p)
         return list(seen.values())
 
@@ -86,6 +96,7 @@ def gpt_stage(
     balance: str | Sequence[range] = "params",
     sample: torch.Tensor | None = None,
     placement: str = "loop",
+    bidirectional: bool = False,
 ) -> PipelineStage:
     """Rank ``rank``'s part of ``model``, cut into ``stages * chunks`` virtual stages.
 
@@ -96,11 +107,19 @@ def gpt_stage(
     (:func:`~distlab.parallel.pipeline.partition.gpt_layers` order).
     ``placement``: ``"loop"`` or ``"v"`` (ZB-V, DualPipeV: rank r holds stages r
     and 2p - 1 - r), as :func:`~distlab.core.pipeline_schedule.stage_to_rank`.
+    ``bidirectional`` (DualPipe, V placement, 2 chunks): the model is cut in p
+    parts, and rank r holds part r (going down) and part p - 1 - r (going up),
+    both copies of rank p - 1 - r's, its ``mirror``.
     """
     stages, chunks = positive_int("stages", stages), positive_int("chunks", chunks)
     rank = int_in("rank (the stage)", rank, 0, stages - 1)
     layers = gpt_layers(model)
-    parts = stages * chunks
+    if bidirectional and (placement != "v" or chunks != 2 or stages % 2):
+        raise ValueError(
+            f"bidirectional (DualPipe) needs placement='v', chunks=2 and an even number of "
+            f"stages; got placement={placement!r}, chunks={chunks}, stages={stages}"
+        )
+    parts = stages * chunks // (2 if bidirectional else 1)
     if isinstance(balance, str):
         if balance not in BALANCE:
             raise ValueError(f"unknown balance {balance!r}; allowed: {BALANCE} or a list of ranges")
@@ -118,9 +137,13 @@ def gpt_stage(
             )
     owner = stage_to_rank(stages, chunks, placement)
     ids = tuple(j for j, r in enumerate(owner) if r == rank)
-    mine = {c: nn.Sequential(*(layers[i] for i in cut[j])) for c, j in enumerate(ids)}
+    mine = {c: nn.Sequential(*(layers[i] for i in cut[j % parts])) for c, j in enumerate(ids)}
     tied, peer = [], None
     first, last = owner[0], owner[-1]
-    if model.head.weight is model.tok.weight and first != last and rank in (first, last):
+    mirror = stages - 1 - rank if bidirectional else None  # adds every gradient, tied ones too
+    tied_model = model.head.weight is model.tok.weight
+    if tied_model and mirror is None and first != last and rank in (first, last):
         tied, peer = [model.tok.weight], first + last - rank
-    return PipelineStage(rank, stages, mine, tied=tied, tied_peer=peer, stage_ids=ids)
+    return PipelineStage(
+        rank, stages, mine, tied=tied, tied_peer=peer, stage_ids=ids, mirror=mirror
+    )
