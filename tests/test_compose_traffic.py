@@ -124,6 +124,15 @@ def test_ring_attention_sends_two_of_the_textbook_three_passes():
     textbook = context_parallel_comm(seq_len=4, micro_batch=1, hidden=32, layers=4, cp=2,
                                      bytes_per_element=4)  # fmt: skip
     assert new["cp"].total == 2 / 3 * textbook.total
+    gather = layout_comm(SPEC, layout, 0, micro_batch=1, context="all_gather")
+    assert gather["cp"].total == new["cp"].total  # (cp-1) K/V blocks each way, in 2 collectives
+    assert {p.collective for p in gather["cp"].parts} == {"all_gather", "reduce_scatter"}
+    ulysses = layout_comm(SPEC, layout, 0, micro_batch=1, context="ulysses")
+    assert (
+        ulysses["cp"].total == 8 * (2 - 1) / 2 * (1 * 4 * 32 * 4) * 4
+    )  # 8 (cp-1)/cp b s h, 4 layers
+    with pytest.raises(ValueError, match="context must be one of"):
+        layout_comm(SPEC, layout, 0, context="star")
 
 
 def test_groups_are_named_as_the_trace_names_them():

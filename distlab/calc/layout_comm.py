@@ -29,7 +29,9 @@ layers split into dense and MoE ones (:func:`rank_modules`):
   runs on the rank's h/tp head features), ``cp - 1`` of each per layer and micro-batch.
   Its third part, the K/V blocks passed round again in backward, is left out:
   distlab's ring (:func:`~distlab.parallel.context.ring_attention`) keeps every block
-  for backward instead of recomputing;
+  for backward instead of recomputing. ``context="all_gather"`` (Llama 3's K/V all-gather)
+  is :func:`~distlab.calc.comm.context_parallel_gather_comm`, ``"ulysses"``
+  :func:`~distlab.calc.comm.ulysses_comm`, on the same s_c and h/tp;
 * **expert** (``"ep"``): :func:`~distlab.calc.moe.moe_all_to_all_comm`, 4 all-to-alls per
   MoE layer and micro-batch of the ``E x C x h`` buffer, C from the b s_c tokens a rank routes;
 * **pipeline** (``"pp"``): :func:`~distlab.calc.comm.pipeline_parallel_comm`'s sends, m (v -
@@ -65,10 +67,13 @@ from distlab.core.ranks import GROUP_NAMES
 
 from .buckets import zero_flat_groups
 from .comm import (
+    CP_METHODS,
     context_parallel_comm,
+    context_parallel_gather_comm,
     data_parallel_comm,
     pipeline_parallel_comm,
     tensor_parallel_comm,
+    ulysses_comm,
     vocab_parallel_comm,
 )
 from .memory import ModelStateBytes, model_state_bytes
@@ -248,11 +253,20 @@ def tensor_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: in
 
 
 def context_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,
-                  bytes_per_element: int = 4) -> tuple:  # fmt: skip
-    """Ring attention's messages (module docstring, second item)."""
+                  bytes_per_element: int = 4, context: str = "ring") -> tuple:  # fmt: skip
+    """Context parallelism's messages per step (module docstring, second item), on the
+    rank's s / cp tokens and h / tp head features, for each ``context`` method of
+    :data:`~distlab.calc.comm.CP_METHODS`: ``"ring"`` :func:`~distlab.calc.comm.context_parallel_comm`
+    less its second backward pass (distlab's ring keeps the K/V blocks),
+    ``"all_gather"`` :func:`~distlab.calc.comm.context_parallel_gather_comm`,
+    ``"ulysses"`` :func:`~distlab.calc.comm.ulysses_comm`."""
+    if context not in CP_METHODS:
+        raise ValueError(f"context must be one of {CP_METHODS}, got {context!r}")
     if layout.cp == 1:
         return ()
-    volume = context_parallel_comm(
+    formula = {"ring": context_parallel_comm, "all_gather": context_parallel_gather_comm,
+               "ulysses": ulysses_comm}[context]  # fmt: skip
+    volume = formula(
         seq_len=spec.seq_len // layout.cp, micro_batch=micro_batch,
         hidden=spec.hidden // layout.tp, layers=len(stage_layers(layout, stage, spec.layers)),
         cp=layout.cp, micro_batches=layout.micro_batches, bytes_per_element=bytes_per_element,
@@ -385,13 +399,15 @@ def layout_comm(
     moe: MoESpec | None = None,
     bytes_per_element: int = 4,
     headers: bool = True,
+    context: str = "ring",
 ) -> dict[str, CommVolume]:
     """Bytes ``rank`` of ``layout`` sends in one step of :func:`distlab.parallel.compose.train`,
     by the trace's group name (module docstring); groups it sends nothing in are left out.
 
     ``spec``: the model (:func:`distlab.calc.three_d.gpt_spec`); ``micro_batch``: sequences
     per micro-batch (default ``layout.micro_batch``; compose's is b / (dp m)); ``moe``:
-    the MoE layers, if any; ``headers``: count the pipeline's shape headers."""
+    the MoE layers, if any; ``headers``: count the pipeline's shape headers; ``context``:
+    how the cp ranks attend (``compose.train``'s ``context``: ring, all_gather, ulysses)."""
     b = positive_int("micro_batch", layout.micro_batch if micro_batch is None else micro_batch)
     stage = layout.coordinates(rank)["pp"]
     bpe = positive_int("bytes_per_element", bytes_per_element)
@@ -402,7 +418,7 @@ def layout_comm(
     kw = {"micro_batch": b, "bytes_per_element": bpe}
     pieces = [
         (trace_name(layout, "tp", rank), tensor_parts(spec, layout, stage, moe=moe, **kw)),
-        ("cp", context_parts(spec, layout, stage, **kw)),
+        (trace_name(layout, "cp", rank), context_parts(spec, layout, stage, context=context, **kw)),
         ("ep", expert_parts(spec, layout, stage, moe=moe, **kw)),
         ("pp", pipeline_parts(spec, layout, stage, headers=headers, **kw)),
         ("embedding", tied_parts(spec, layout, stage, bytes_per_element=bpe)),
