@@ -19,7 +19,7 @@ import distlab
 from distlab.models import GPT, MLP, GPTConfig, gpt_batch
 from distlab.parallel import training
 from distlab.parallel.moe import MoE, route
-from distlab.parallel.moe_gpt import MoEConfig, train_tp_ep
+from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
 from distlab.parallel.pipeline.partition import GPTEmbedding
 from distlab.parallel.three_d import train_3d
 
@@ -53,10 +53,12 @@ def test_train_3d_refuses_targets_of_another_shape():
         train_3d(CONFIG, TOKENS, TARGETS[:2], **RUN_3D)
 
 
-def test_train_tp_ep_refuses_nan_lr():
+def test_compose_train_refuses_nan_lr():
+    from distlab.core.layout import Layout
+    from distlab.parallel.compose import train
+
     with pytest.raises(ValueError, match=r"lr must be a finite number > 0, got nan"):
-        train_tp_ep(CONFIG, MoEConfig(), TOKENS, TARGETS, tp=1, ep=1, dp=1, steps=1,
-                    lr=math.nan, aux_weight=0.0)  # fmt: skip
+        train(MoEGPT(CONFIG, MoEConfig()), Layout(), TOKENS, TARGETS, steps=1, lr=math.nan)
 
 
 @pytest.mark.parametrize("lr", [math.nan, math.inf, 0.0])

@@ -176,3 +176,31 @@ def test_refused_combinations_say_why():
         check_model(GPT(CONFIG), Layout(dp=2, ep=2))
     with pytest.raises(ValueError, match="seq_len"):
         check_model(GPT(CONFIG), Layout(cp=8))
+    with pytest.raises(ValueError, match="zero_stage=2 with pp > 1 needs tie_embeddings=False"):
+        check_model(GPT(CONFIG), Layout(pp=2, dp=2, zero_stage=2))
+    with pytest.raises(ValueError, match="recompute='full' is not applied"):
+        check_model(GPT(CONFIG), Layout(tp=2, recompute="full"))
+    with pytest.raises(ValueError, match="context must be one of"):
+        check_model(GPT(CONFIG), Layout(cp=2), context="star")
+
+
+def _train_context(rank, world_size, layout, context):
+    torch.set_num_threads(1)
+    from distlab.parallel.compose import train
+
+    tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
+    run = train(GPT(CONFIG, seed=0), layout, tokens, targets, steps=3, lr=LR, optimizer=OPTIMIZER,
+                context=context)  # fmt: skip
+    return run.losses, run.bytes_by_group[-1]
+
+
+@pytest.mark.parametrize("context", ["all_gather", "ulysses"])
+def test_context_parallel_attention_three_ways(context):
+    """The cp ranks may attend by ring (the cases above), by gathering K/V (Llama 3)
+    or by all-to-all over the heads (Ulysses): the same training, other messages."""
+    layout = Layout(tp=2, cp=2, dp=2)
+    _, want = single_process(layout, CONFIG, None)
+    runs = distlab.run(_train_context, 8, args=(layout, context), timeout=300)
+    for losses, sent in runs:
+        assert losses == pytest.approx(want[:3], rel=1e-5), context
+        assert sent.get("cp", 0) > 0, f"{context}: nothing sent in the cp group"

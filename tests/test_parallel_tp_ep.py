@@ -196,7 +196,7 @@ def test_moe_blocks(every, moe_blocks):
     [
         (CONFIG, MOE, (2, 3, 4), "ep=3 must divide cp\\*dp=4"),
         (CONFIG, MoEConfig(num_experts=3), (2, 2, 4), "num_experts=3 is not divisible"),
-        (GPTConfig(hidden=15, heads=3), MOE, (2, 2, 4), "hidden=15 is not divisible by the"),
+        (GPTConfig(hidden=15, heads=3), MOE, (2, 2, 4), "heads=3 is not divisible by the"),
         (GPTConfig(hidden=16, heads=1), MOE, (2, 2, 4), "heads=1 is not divisible by the"),
     ],
 )

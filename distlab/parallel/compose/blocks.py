@@ -3,8 +3,11 @@
 * :class:`ContextParallelAttention`: Megatron's tensor-parallel attention (q, k, v
   column-parallel, a/t heads per rank, output projection row-parallel) whose
   attention core runs over the context-parallel group: each rank holds its part
-  of every sequence, and :func:`~distlab.parallel.context.ring_attention` passes
-  the K/V blocks of its local heads around the cp ranks. Tensor parallelism
+  of every sequence, and the group's ``attend`` brings in the rest: ring attention
+  (:class:`~distlab.parallel.context.Ring`: K/V blocks passed round the cp ranks),
+  Llama 3's K/V all-gather (:class:`~distlab.parallel.context_gather.KVGather`) or
+  DeepSpeed-Ulysses' all-to-all (:class:`~distlab.parallel.ulysses.Ulysses`: heads/t
+  must divide by cp), each on this rank's tensor-parallel heads. Tensor parallelism
   splits the heads, context parallelism the tokens: the two are independent.
 * :class:`StageEmbedding` and :class:`StageHead`: the first and last layers of a
   pipeline cut of a :class:`~distlab.parallel.tensor.ParallelGPT`; they call the
@@ -19,33 +22,35 @@ import torch
 from torch import nn
 
 from distlab.models import CausalSelfAttention
-from distlab.parallel.context import Ring, ring_attention
+from distlab.parallel.context import ContextGroup
 from distlab.parallel.tensor import ParallelGPT, ParallelSelfAttention, TensorParallelComm
 
 
 class ContextParallelAttention(ParallelSelfAttention):
-    """Tensor-parallel attention over this rank's tokens, the core by ring attention
-    over ``ring`` (the cp group). Attention dropout must be 0 (ring attention has none)."""
+    """Tensor-parallel attention over this rank's tokens, the core computed by the
+    context-parallel group ``cp`` (a ring, a K/V all-gather or Ulysses). Attention
+    dropout must be 0 (none of the three applies dropout to the probabilities)."""
 
     def __init__(
         self,
         dense: CausalSelfAttention,
         comm: TensorParallelComm,
-        ring: Ring,
+        cp: ContextGroup,
         *,
         sequence_parallel: bool = False,
     ) -> None:
         if dense.dropout:
             raise ValueError(
                 f"context parallelism needs attention dropout 0, got {dense.dropout}: "
-                "ring attention applies no dropout to the attention probabilities"
+                "its attention cores apply no dropout to the attention probabilities"
             )
         super().__init__(dense, comm, sequence_parallel=sequence_parallel)
-        self.ring = ring
+        cp.check_heads(self.heads)  # Ulysses splits this rank's heads again
+        self.cp = cp
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, _, s, _ = q.shape  # s: this rank's tokens, s * cp in the whole sequence
-        out = ring_attention(q, k, v, self.ring, seq_len=s * self.ring.size)
+        out = self.cp.attend(q, k, v, s * self.cp.size)
         return out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
 
 

@@ -137,13 +137,12 @@ def my_batch(tokens: torch.Tensor, layout: Layout, coordinates: dict, split: str
     return mine
 
 
-def _bytes_by_group(trace, parallel: ParallelModel, ring_bytes_before: int) -> dict[str, int]:
+def _bytes_by_group(trace) -> dict[str, int]:
+    """Wire bytes this rank sent in the traced step, by group name (the ring's K/V
+    passes are traced as "cp" sends)."""
     sent: Counter = Counter()
     for call in trace.calls:
         sent[call.group] += call.wire_bytes
-    ring_bytes = sum(sum(r.bytes_sent.values()) for r in parallel.rings)
-    if ring_bytes - ring_bytes_before:
-        sent["cp"] += ring_bytes - ring_bytes_before  # the ring's K/V passes (point-to-point)
     return dict(sent)
 
 
@@ -166,10 +165,12 @@ def final_parameters(parallel: ParallelModel) -> dict[str, torch.Tensor]:
     }
 
 
-def _state_tensors(parallel: ParallelModel, holder) -> list[torch.Tensor]:
+def _state_tensors(parallel: ParallelModel, step_with, holder) -> list[torch.Tensor]:
+    """Parameters, gradients (ZeRO-2: its gradient shards) and optimizer state of this rank."""
     params = parallel.parameters()
     states, _ = optimizer_state_tensors(holder)
-    return [*params, *(p.grad for p in params), *states]
+    grad_shards = getattr(step_with, "grad_shards", [])  # ZeroOptimizer at stage 2
+    return [*params, *(p.grad for p in params), *grad_shards, *states]
 
 
 def train(
@@ -183,6 +184,7 @@ def train(
     optimizer: str = "sgd",
     aux_weight: float = 0.0,
     split: str = "zigzag",
+    context: str = "ring",
     algorithm: str = "ring",
     save_to: str | None = None,
     save_after: int | None = None,
@@ -193,7 +195,8 @@ def train(
     rank); see the module docstring. Call on every rank inside ``distlab.run``.
 
     ``optimizer``: a key of :data:`OPTIMIZERS`; ``aux_weight``: the MoE balancing loss's
-    weight; ``split``: how sequences are cut over cp; ``algorithm``: distlab's all-reduce
+    weight; ``split``: how sequences are cut over cp; ``context``: the cp ranks' attention
+    ("ring", "all_gather" or "ulysses"); ``algorithm``: distlab's all-reduce
     for tp and dp (:data:`distlab.parallel.comm.ALGORITHMS`).
 
     Checkpoints (:mod:`.checkpoint`, any layout): ``resume_from``: a checkpoint folder
@@ -207,11 +210,11 @@ def train(
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
     check_batch(tokens, targets, model.config)
-    check_model(model, layout, split=split)
+    check_model(model, layout, split=split, context=context)
     check_divisible(
         "batch", tokens.shape[0], layout.dp * layout.micro_batches, by="dp * micro_batches"
     )
-    parallel = parallelize(model, layout, split=split, algorithm=algorithm)
+    parallel = parallelize(model, layout, split=split, context=context, algorithm=algorithm)
     mesh, where = parallel.mesh, parallel.mesh.coordinates
     if aux_weight:
         loss_of_tokens = parallel.stage.loss_fn
@@ -228,7 +231,6 @@ def train(
     last_stage = where["pp"] == layout.pp - 1
     for step in range(done + 1, done + steps + 1):
         start = time.perf_counter()
-        ring_before = sum(sum(r.bytes_sent.values()) for r in parallel.rings)
         with trace_comm() as trace:
             name_groups({name: mesh[name] for name in GROUP_NAMES})
             step_with.zero_grad(set_to_none=True)
@@ -241,7 +243,7 @@ def train(
                 modules = torch.nn.ModuleList(parallel.stage.chunks.values())
                 average_moe_gradients(modules, mesh, algorithm=algorithm)
             step_with.step()
-        sent.append(_bytes_by_group(trace, parallel, ring_before))
+        sent.append(_bytes_by_group(trace))
         stats.append([routing_stats(layer) for layer in my_moe_layers])  # the last micro-batch
         if last_stage:
             loss = torch.tensor([run.loss], dtype=torch.float64)
@@ -261,7 +263,7 @@ def train(
         shards=shards,
         parameters=sum(t.numel() for t in shards.values()),
         optimizer_state_bytes=storage_bytes(states),
-        model_state_bytes=storage_bytes(_state_tensors(parallel, state_holder)),
+        model_state_bytes=storage_bytes(_state_tensors(parallel, step_with, state_holder)),
         step_seconds=step_seconds,
         peak_activation_bytes=peak,
         bytes_by_group=sent,

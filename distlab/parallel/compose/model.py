@@ -32,8 +32,10 @@ sequence parallelism with MoE blocks (the TP ranks of a replica must see the sam
 tokens to route them alike) or with FSDP (a sequence-parallel gradient is a
 partial sum over tp that FSDP would scatter before it is summed); ZeRO or FSDP
 with ``ep > 1`` (expert gradients are reduced over the expert-data-parallel group,
-not dp-cp); FSDP with tied embeddings across pipeline stages (the tied gradient is
-exchanged after backward, when FSDP has already scattered it).
+not dp-cp); ZeRO-2 or FSDP with tied embeddings across pipeline stages (the tied
+gradient is exchanged after backward, when they have already scattered it);
+``recompute="full"`` (only ``"selective"``, the attention core, is applied), and
+selective recomputation with context parallelism.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from torch import nn
 
 from distlab.core.layout import Layout
 from distlab.models import GPT, GPTBlock
-from distlab.parallel.context import Ring, chunk_count
+from distlab.parallel.context import ContextGroup, Ring, chunk_count
+from distlab.parallel.context_gather import KVGather
 from distlab.parallel.fsdp import FSDP
 from distlab.parallel.mesh import ParallelMesh, build_mesh
 from distlab.parallel.moe import MoE
@@ -61,12 +64,15 @@ from distlab.parallel.tensor import (
 from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.tensor.layers import block_shard
 from distlab.parallel.tensor.vocab import vocab_shard
+from distlab.parallel.ulysses import Ulysses
 
 from .blocks import ContextParallelAttention, StageEmbedding, StageHead
 
 #: the order parallelize applies the parallelisms in
 ORDER = ("tensor", "context", "expert", "pipeline", "data")
 SPLITS = ("zigzag", "contiguous")
+#: how the context-parallel ranks compute attention over the whole sequence
+CONTEXT_ATTENTION = {"ring": Ring, "all_gather": KVGather, "ulysses": Ulysses}
 
 
 @dataclass
@@ -76,8 +82,8 @@ class ParallelModel:
     ``gpt``: the tensor/context/expert-parallel GPT (every block built; the stage
     uses its own); ``stage``: the chunks this rank runs, FSDP-wrapped when
     ``layout.fsdp``; ``schedule``: the pipeline schedule; ``fsdp``: the FSDP
-    wrappers (empty otherwise); ``rings``: the context-parallel rings (their
-    counters hold the K/V bytes sent)."""
+    wrappers (empty otherwise); ``context_groups``: one context-parallel group per
+    block (their counters hold the K/V bytes sent, the work and the K/V held)."""
 
     layout: Layout
     mesh: ParallelMesh
@@ -85,7 +91,7 @@ class ParallelModel:
     stage: PipelineStage
     schedule: Schedule
     fsdp: list[FSDP]
-    rings: list[Ring]
+    context_groups: list[ContextGroup]
 
     def parameters(self) -> list[nn.Parameter]:
         """What the optimizer steps: the stage's parameters (FSDP: its shards)."""
@@ -98,7 +104,9 @@ class ParallelModel:
         self.gpt.finish_gradients()
 
 
-def check_model(model: GPT, layout: Layout, *, split: str = "zigzag") -> Schedule:
+def check_model(
+    model: GPT, layout: Layout, *, split: str = "zigzag", context: str = "ring"
+) -> Schedule:
     """The pipeline schedule ``layout`` names, or ``ValueError`` naming the value unless
     ``model`` can run under ``layout``: tp | heads and hidden, pp * v | layers, the
     sequence splits into the cp chunks (and their SP slices), ep | experts, the
@@ -108,6 +116,8 @@ def check_model(model: GPT, layout: Layout, *, split: str = "zigzag") -> Schedul
         raise TypeError(f"parallelize takes a distlab GPT or MoEGPT, got {type(model).__name__}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if context not in CONTEXT_ATTENTION:
+        raise ValueError(f"context must be one of {tuple(CONTEXT_ATTENTION)}, got {context!r}")
     c, moe = model.config, getattr(model, "moe_config", None)
     check_divisible("heads", c.heads, layout.tp)
     check_divisible("hidden", c.hidden, layout.tp)
@@ -138,9 +148,16 @@ def check_model(model: GPT, layout: Layout, *, split: str = "zigzag") -> Schedul
     if layout.zero_stage and layout.ep > 1:
         raise ValueError(f"zero_stage={layout.zero_stage} with ep={layout.ep} is not supported: "
                          "expert gradients reduce over expert_dp, not dp-cp")  # fmt: skip
-    if layout.fsdp and layout.pp > 1 and c.tie_embeddings:
-        raise ValueError("FSDP with pp > 1 needs tie_embeddings=False: the tied gradient is "
-                         "exchanged between stages after FSDP has scattered it")  # fmt: skip
+    if layout.zero_stage >= 2 and layout.pp > 1 and c.tie_embeddings:
+        raise ValueError(f"zero_stage={layout.zero_stage} with pp > 1 needs tie_embeddings=False: "
+                         "the tied gradient is exchanged between stages after ZeRO-2/FSDP "
+                         "has reduce-scattered it")  # fmt: skip
+    if layout.recompute == "full":
+        raise ValueError("recompute='full' is not applied by parallelize; use 'selective' "
+                         "(the attention core recomputed in backward) or 'none'")  # fmt: skip
+    if layout.recompute == "selective" and layout.cp > 1:
+        raise ValueError("recompute='selective' with cp > 1 is not supported: recomputing "
+                         "the attention core would pass the K/V blocks round the cp ranks again")  # fmt: skip
     if layout.cp > 1 and c.dropout:
         raise ValueError(f"context parallelism needs dropout 0, got {c.dropout}")
     return build(
@@ -148,7 +165,7 @@ def check_model(model: GPT, layout: Layout, *, split: str = "zigzag") -> Schedul
     )
 
 
-def _block_maker(layout: Layout, mesh: ParallelMesh, rings: list[Ring], split: str, algorithm):
+def _block_maker(layout: Layout, mesh: ParallelMesh, groups: list, split: str, context, algorithm):
     """Steps 2 and 3: the function :class:`ParallelGPT` builds each block with."""
 
     def make_block(dense: GPTBlock, comm: TensorParallelComm, *, sequence_parallel: bool):
@@ -157,11 +174,13 @@ def _block_maker(layout: Layout, mesh: ParallelMesh, rings: list[Ring], split: s
             block = ParallelMoEBlock(dense, comm, mesh["ep"], all_to_all)
         else:
             block = ParallelBlock(dense, comm, sequence_parallel=sequence_parallel)
+        if layout.recompute == "selective":  # Korthikanti et al. 2022, Section 5
+            block.attn.recompute_attention = True
         if layout.cp > 1:  # context parallelism: the attention core over the cp ranks
-            ring = Ring(group=mesh["cp"], split=split)
-            rings.append(ring)
+            cp = CONTEXT_ATTENTION[context](group=mesh["cp"], split=split)
+            groups.append(cp)
             block.attn = ContextParallelAttention(
-                dense.attn, comm, ring, sequence_parallel=sequence_parallel
+                dense.attn, comm, cp, sequence_parallel=sequence_parallel
             )
         return block
 
@@ -222,27 +241,29 @@ def parallelize(
     *,
     mesh: ParallelMesh | None = None,
     split: str = "zigzag",
+    context: str = "ring",
     algorithm: str = "ring",
 ) -> ParallelModel:
     """Apply ``layout``'s parallelisms to ``model`` in :data:`ORDER` (module docstring).
 
     ``mesh``: the job's mesh (built from ``layout`` when omitted; every rank must call);
-    ``split``: how sequences are cut over cp; ``algorithm``: the tensor-parallel
+    ``split``: how sequences are cut over cp; ``context``: how the cp ranks attend over
+    the whole sequence (a key of :data:`CONTEXT_ATTENTION`); ``algorithm``: the tensor-parallel
     all-reduce (:data:`distlab.parallel.comm.ALGORITHMS`)."""
     if not isinstance(layout, Layout):
         raise TypeError(f"layout must be a distlab Layout, got {type(layout).__name__}")
-    schedule = check_model(model, layout, split=split)
+    schedule = check_model(model, layout, split=split, context=context)
     if not dist.is_initialized():
         raise RuntimeError("no process group: call parallelize inside distlab.run(...)")
     mesh = build_mesh(layout) if mesh is None else mesh
     if mesh.layout != layout:
         raise ValueError(f"the mesh was built for {mesh.layout.label()}, not {layout.label()}")
-    where, rings = mesh.coordinates, []
+    where, context_groups = mesh.coordinates, []
     comm = TensorParallelComm(algorithm, group=mesh["tp"])  # 1. tensor
-    context = (layout.cp, where["cp"], split) if layout.cp > 1 else None  # 2. context
+    cp_split = (layout.cp, where["cp"], split) if layout.cp > 1 else None  # 2. context
     gpt = ParallelGPT(
-        model, comm, sequence_parallel=layout.sequence_parallel, context=context,
-        make_block=_block_maker(layout, mesh, rings, split, algorithm),  # 2. and 3. expert
+        model, comm, sequence_parallel=layout.sequence_parallel, context=cp_split,
+        make_block=_block_maker(layout, mesh, context_groups, split, context, algorithm),  # 2. and 3. expert
     )  # fmt: skip
     stage = cut_stage(gpt, where["pp"], layout.pp, layout.virtual_stages)  # 4. pipeline
     wrappers = []
@@ -251,4 +272,4 @@ def parallelize(
             wrapper = FSDP(module, group=mesh["dp-cp"], wrap="layer", algorithm=algorithm)
             stage.chunks[chunk] = wrapper
             wrappers.append(wrapper)
-    return ParallelModel(layout, mesh, gpt, stage, schedule, wrappers, rings)
+    return ParallelModel(layout, mesh, gpt, stage, schedule, wrappers, context_groups)
