@@ -195,8 +195,8 @@ def _flat_group_sizes(mesh, chunks: int, bucket_cap_mb: float) -> list[int]:
     from torch import nn
 
     from distlab.models import GPT
-    from distlab.parallel.tensor import ParallelGPT, TensorParallelComm
     from distlab.parallel.compose import cut_stage
+    from distlab.parallel.tensor import ParallelGPT, TensorParallelComm
     from distlab.parallel.zero import ZeroOptimizer
 
     gpt = ParallelGPT(GPT(CONFIG4, seed=0), TensorParallelComm(group=mesh["tp"]))
