@@ -21,9 +21,10 @@ over ranks):
   (:attr:`~distlab.sim.pipeline_replay.Timeline.span_bubble_fraction`), the
   bubble left if each rank started its next step as soon as it is done:
   about 0 for ZB-H2 and ZB-V;
-* peak in flight: rank 0's most micro-batches' activations (chunks / v).
+* peak in flight: rank 0's most micro-batches' activations (chunks / v; DualPipe's
+  chunks are each a whole stage of one of its two copies).
 
-The V-shaped ZB-V and DualPipeV and the looping interleaved and
+The V-shaped ZB-V, DualPipeV and DualPipe and the looping interleaved and
 breadth-first schedules run with 2 chunks per rank (``--virtual-stages``).
 Targets: measured within 3 percentage points of the formula for every
 schedule; ZB-H1 measures less idle than 1F1B.
@@ -48,6 +49,7 @@ SCHEDULES = (
     "zb_h2",
     "zb_v",
     "dualpipe_v",
+    "dualpipe",
 )
 
 
@@ -58,8 +60,16 @@ def worker(rank, world_size, name, m, v, unit, steps):
     from distlab.parallel.pipeline import gpt_stage, run_pipeline
 
     schedule = build(name, world_size, m, chunks=v)
-    config = GPTConfig(layers=2 * world_size * v - 2)  # one block per layer slot, 2 per chunk
-    stage = gpt_stage(GPT(config, seed=0), rank, world_size, chunks=v, placement=schedule.placement)
+    parts = world_size * v // (2 if schedule.bidirectional else 1)
+    config = GPTConfig(layers=2 * parts - 2)  # one block per layer slot, 2 per model part
+    stage = gpt_stage(
+        GPT(config, seed=0),
+        rank,
+        world_size,
+        chunks=v,
+        placement=schedule.placement,
+        bidirectional=schedule.bidirectional,
+    )
     optimizer = torch.optim.SGD(stage.parameters(), lr=0.01)
     tokens, targets = gpt_batch(2 * m, config)
     cost = {"F": unit, "B": 2 * unit, "I": unit, "W": unit}
@@ -125,7 +135,7 @@ def main() -> None:
         print(
             f"{name:<14} {p:>2} {m:>3} {v:>2} {formula:>8.1%} {simulated.bubble_fraction:>10.1%} "
             f"{measured.bubble_fraction:>9.1%} {measured.span_bubble_fraction:>8.1%} "
-            f"{runs[0].peak_in_flight / v:>24g}"
+            f"{runs[0].peak_in_flight * schedule.chunk_share:>24g}"
         )
         if args.plot and name == "1f1b":
             from distlab.viz.pipeline_plots import plot_planned_and_measured
