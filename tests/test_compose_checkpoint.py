@@ -38,20 +38,21 @@ TP1_PP2_DP4 = Layout(pp=2, dp=4, micro_batches=2)
 ZERO1 = TP1_PP2_DP4.with_(zero_stage=1)
 
 
-def _train(rank, world_size, layout, config, optimizer, steps, options):
+def _train(rank, world_size, layout, config, optimizer, lr, steps, options):
     torch.set_num_threads(1)
+    torch.manual_seed(rank)  # the dropout masks of an uninterrupted run, the same every time
     from distlab.models import GPT, gpt_batch
     from distlab.parallel.compose import train
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
     model = GPT(config, seed=0)
-    return train(model, layout, tokens, targets, steps=steps, lr=LR, optimizer=optimizer, **options)
+    return train(model, layout, tokens, targets, steps=steps, lr=lr, optimizer=optimizer, **options)
 
 
-def launch(layout, steps, *, config=CONFIG, optimizer="sgd_momentum", **options):
+def launch(layout, steps, *, config=CONFIG, optimizer="sgd_momentum", lr=LR, **options):
     """``train`` on 8 processes; ``options``: save_to/save_after/resume_from (as str)."""
     options = {k: str(v) if k != "save_after" else v for k, v in options.items()}
-    args = (layout, config, optimizer, steps, options)
+    args = (layout, config, optimizer, lr, steps, options)
     return distlab.run(_train, layout.world_size, args=args, timeout=600)
 
 
@@ -99,7 +100,7 @@ def test_resume_in_the_same_layout_is_bit_exact(saved):
 
 
 def test_resume_with_zero1_adam_and_dropout_is_bit_exact(tmp_path):
-    kw = {"config": DROPOUT, "optimizer": "adam"}
+    kw = {"config": DROPOUT, "optimizer": "adam", "lr": 0.01}
     path = tmp_path / "zero1"
     uninterrupted = launch(ZERO1, STEPS, save_to=path, save_after=SAVE_AFTER, **kw)
     resumed = launch(ZERO1, STEPS - SAVE_AFTER, resume_from=path, **kw)
