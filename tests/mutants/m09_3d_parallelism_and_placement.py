@@ -13,8 +13,10 @@ MUTANTS = {
             [
                 (
                     "    dp = world_size // (tp * pp)\n",
-                    "    dp = world_size // (tp * pp)\n"
-                    "    return rank_groups(world_size, tp=tp, pp=pp, dp=dp)\n",
+                    (
+                        "    dp = world_size // (tp * pp)\n"
+                        "    return rank_groups(world_size, tp=tp, pp=pp, dp=dp)\n"
+                    ),
                 )
             ],
         ),
@@ -23,9 +25,11 @@ MUTANTS = {
             [
                 (
                     "    dp = world_size // (tp * pp)\n",
-                    "    dp = world_size // (tp * pp)\n"
-                    "    mesh = Layout.for_world(world_size, tp=tp, pp=pp)\n"
-                    "    return {name: mesh.groups[name] for name in ('tp', 'dp', 'pp')}\n",
+                    (
+                        "    dp = world_size // (tp * pp)\n"
+                        "    mesh = Layout.for_world(world_size, tp=tp, pp=pp)\n"
+                        "    return {name: mesh.groups[name] for name in ('tp', 'dp', 'pp')}\n"
+                    ),
                 )
             ],
         ),
@@ -40,7 +44,10 @@ MUTANTS = {
                 )
             ],
         ),
-        ("forgets pp in dp", [("    dp = world_size // (tp * pp)\n", "    dp = world_size // tp\n")]),
+        (
+            "forgets pp in dp",
+            [("    dp = world_size // (tp * pp)\n", "    dp = world_size // tp\n")],
+        ),
         (
             "never raises ValueError",
             [
@@ -66,12 +73,17 @@ MUTANTS = {
             [
                 (
                     "    per_node = {}\n",
-                    "    return [int(g) for g in place(layout, cluster, gpus=free_gpus).gpu_of_rank]\n"
-                    "    per_node = {}\n",
+                    (
+                        "    return [int(g) for g in place(layout, cluster, gpus=free_gpus).gpu_of_rank]\n"
+                        "    per_node = {}\n"
+                    ),
                 )
             ],
         ),
-        ("the naive placement: the first free GPUs", [(_RETURN_PLACE, "    return sorted(free_gpus)[: layout.world_size]")]),
+        (
+            "the naive placement: the first free GPUs",
+            [(_RETURN_PLACE, "    return sorted(free_gpus)[: layout.world_size]")],
+        ),
         (
             "emptiest nodes first",
             [
@@ -96,7 +108,10 @@ MUTANTS = {
         ),
     ],
     "queue-order": [
-        ("as submitted (first in, first out)", [(_CANDIDATES, "    return [j.name for j in jobs]\n" + _CANDIDATES)]),
+        (
+            "as submitted (first in, first out)",
+            [(_CANDIDATES, "    return [j.name for j in jobs]\n" + _CANDIDATES)],
+        ),
         (
             "shortest first",
             [(_CANDIDATES, "    return ordered(lambda j: j.duration_s)\n" + _CANDIDATES)],
@@ -107,7 +122,12 @@ MUTANTS = {
         ),
         (
             "the order reversed (last entry taken as first)",
-            [("    return min(candidates, key=outcome)", "    return list(reversed(min(candidates, key=outcome)))")],
+            [
+                (
+                    "    return min(candidates, key=outcome)",
+                    "    return list(reversed(min(candidates, key=outcome)))",
+                )
+            ],
         ),
         (
             "the visible mix hard-coded",
