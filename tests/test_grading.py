@@ -313,3 +313,44 @@ def test_a_test_cell_that_writes_to_stderr_loses_its_points_and_says_why():
     assert (score.points, score.max_points) == (0.0, 2.0) and "UserWarning" in score.failure
     cell.outputs = []
     assert _score(cell, {"t": cell}, scores(executed)).points == 2.0
+
+
+def test_the_first_cells_leading_imports_only_are_sent_early():
+    from distlab.grading.kernel import early_imports
+    from distlab.grading.slicing import leading_imports
+
+    cell = "%matplotlib inline\nimport os\nos.environ['X'] = '1'  # read when torch loads\nimport torch"
+    assert (
+        leading_imports(cell) == "get_ipython().run_line_magic('matplotlib', 'inline')\nimport os"
+    )
+    assert leading_imports("x = 1\nimport torch") == leading_imports("def f(:") == ""
+    test_first = _graded_cell("import torch\nassert torch", [])
+    assert early_imports(nbformat.v4.new_notebook(cells=[test_first])) == ""
+
+
+@pytest.mark.timeout(600)
+def test_early_imports_run_first_and_bind_nothing_in_the_notebook(tmp_path):
+    """The kernel started before nbgrader loads has imported the first cell's modules, but
+    the notebook's namespace, history and execution count are as if it had not."""
+    from distlab.grading import execute
+    from distlab.grading.kernel import start_kernel
+
+    first = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("import colorsys as probe\nearly = 1\nimport wave")]
+    )
+    checks = [
+        "import sys\nassert 'colorsys' in sys.modules and 'wave' not in sys.modules",
+        "assert not {'probe', 'colorsys', 'early'} & set(globals()) and _ == '', sorted(globals())",
+        "assert len(In) == 4, In  # In[0] is empty, In[3] is this cell: nothing else ran",
+    ]
+    run = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in checks])
+    run.cells.append(_graded_cell("assert True", []))
+    given, done, scores = tmp_path / "in.ipynb", tmp_path / "out.ipynb", tmp_path / "s.json"
+    nbformat.write(run, given)
+    kernel = start_kernel(first, str(tmp_path))
+    execute.main([str(given), str(done), "--timeout", "300", "--scores", str(scores)], kernel)
+    executed = nbformat.read(done, as_version=4)
+    errors = [o for c in executed.cells for o in c.outputs if o.output_type == "error"]
+    assert errors == [] and [c.execution_count for c in executed.cells] == [1, 2, 3, 4]
+    assert json.loads(scores.read_text()) == {"t": 2.0}
+    assert not kernel.manager.has_kernel, "the early kernel is shut down"

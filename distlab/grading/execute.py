@@ -68,6 +68,7 @@ class GuardedExecute(Execute):
             try:
                 return super().preprocess(nb, resources, km)
             except DeadKernelError:
+                km = None  # a kernel given to us is dead: the next run starts one of its own
                 index = self._running
                 nb.cells[index].outputs.append(error_output("DeadKernelError", KERNEL_DIED))
                 self._dead.append(index)
@@ -139,11 +140,14 @@ def scores(nb) -> dict[str, float]:
     return {grade_id: float(p or 0) for grade_id, p in points.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, kernel=None) -> None:
     """``python -m distlab.grading.execute IN OUT [--timeout S] [--scores FILE]``: execute
     the notebook IN as nbgrader would (errors kept, timeouts and kernel deaths reported per
     cell), in the current folder, and write it to OUT; with ``--scores``, write the points
-    of its test cells (:func:`scores`) to FILE as JSON."""
+    of its test cells (:func:`scores`) to FILE as JSON.
+
+    ``kernel``: a :class:`distlab.grading.kernel.EarlyKernel` started for IN in this folder,
+    to run the notebook in (it is shut down afterwards); default a kernel of its own."""
     parser = argparse.ArgumentParser()
     parser.add_argument("given")
     parser.add_argument("done")
@@ -154,7 +158,17 @@ def main(argv: list[str] | None = None) -> None:
     executor = GuardedExecute(
         timeout=args.timeout or course_timeout(), interrupt_on_timeout=True, allow_errors=True
     )
-    executor.preprocess(nb, {"metadata": {"path": os.getcwd()}})
+    if kernel is None:
+        executor.preprocess(nb, {"metadata": {"path": os.getcwd()}})
+    else:
+        # the kernel answers once its early imports are done: they count as its start-up
+        executor.startup_timeout = max(executor.startup_timeout, executor.timeout)
+        try:
+            executor.preprocess(nb, {"metadata": {"path": os.getcwd()}}, kernel.manager)
+        finally:
+            if executor.kc is not None and not executor.owns_km:
+                executor.kc.stop_channels()
+            kernel.shut_down()
     nbformat.write(nb, args.done)
     if args.scores:
         Path(args.scores).write_text(json.dumps(scores(nb)), encoding="utf-8")

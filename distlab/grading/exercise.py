@@ -7,9 +7,10 @@ exercise K alone, the grader keeps the cells its test cells need
 The cells come from the learner's notebook (their solutions, their own extra
 cells); each graded test cell is taken from the source notebook, hidden tests
 included, exactly as ``nbgrader autograde`` restores them. The cut-down notebook runs in
-a contained subprocess, ``python -m distlab.grading.execute``, with the same Execute step
-as the whole-notebook grade, and there each test cell scores its points by nbgrader's own
-rule (``determine_grade``: no error, nothing on stderr). ``tests/test_grading_mutants.py`` checks, for
+a contained subprocess (:data:`CHILD`) with the same Execute step as the whole-notebook
+grade, in a kernel started before nbgrader loads (:mod:`distlab.grading.kernel`), and there
+each test cell scores its points by nbgrader's own rule (``determine_grade``: no error,
+nothing on stderr). ``tests/test_grading_mutants.py`` checks, for
 every exercise of the course, that the slice gives the solution full marks and the
 released stub none, as the whole-notebook grade does.
 """
@@ -37,8 +38,24 @@ from distlab.grading.resolve import resolve_notebook
 from distlab.grading.run import nbgrader_env, run_contained
 from distlab.grading.slicing import needed_cells
 
-#: run as ``python -m EXECUTE_MODULE IN OUT``: executes a notebook as nbgrader would
-EXECUTE_MODULE = "distlab.grading.execute"
+#: The child that runs the cut-down notebook, ``python -c CHILD IN OUT --scores FILE
+#: [--timeout S]``: it starts the notebook's kernel and its early imports first
+#: (:mod:`distlab.grading.kernel`), then loads nbgrader and executes the notebook as
+#: nbgrader would (:func:`distlab.grading.execute.main`), in that kernel.
+CHILD = """
+import os
+import sys
+
+import nbformat
+
+from distlab.grading.kernel import start_kernel
+
+kernel = start_kernel(nbformat.read(sys.argv[1], as_version=4), os.getcwd())
+
+from distlab.grading.execute import main
+
+main(sys.argv[1:], kernel)
+"""
 
 
 def choose_tests(source, exercise: str | int) -> list[str]:
@@ -146,10 +163,7 @@ def _execute(run, folder: Path, timeout: int | None) -> tuple[dict, dict[str, fl
         for item in folder.iterdir():
             if item.is_file() and item.suffix != ".ipynb":
                 shutil.copy2(item, work / item.name)
-        command = [
-            *(sys.executable, "-m", EXECUTE_MODULE, str(given), str(done)),
-            *("--scores", str(points)),
-        ]
+        command = [sys.executable, "-c", CHILD, str(given), str(done), "--scores", str(points)]
         if timeout is not None:
             command += ["--timeout", str(timeout)]
         code, log = run_contained(command, work, nbgrader_env())

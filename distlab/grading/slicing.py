@@ -9,8 +9,9 @@ name a needed cell uses pulls in the latest earlier cell that defines it. Cells 
 define nothing but set up the process (seeds, threads, folders, environment
 variables) are always kept, because results may depend on them.
 
-Used by :mod:`distlab.grading.exercise` (grade one exercise) and
-:mod:`distlab.grading.mutants` (grade wrong answers). Pure :mod:`ast`: IPython is used,
+Used by :mod:`distlab.grading.exercise` (grade one exercise),
+:mod:`distlab.grading.mutants` (grade wrong answers) and :mod:`distlab.grading.kernel`
+(:func:`leading_imports`: what a kernel may import before the first cell runs). Pure :mod:`ast`: IPython is used,
 when it is installed, only to translate magics before parsing.
 """
 
@@ -248,6 +249,35 @@ def _is_environ(node: ast.Assign) -> bool:
     return any(
         isinstance(t, ast.Subscript) and "environ" in ast.unparse(t.value) for t in node.targets
     )
+
+
+def _is_matplotlib_magic(node: ast.stmt) -> bool:
+    """``%matplotlib ...`` as IPython translates it: ``get_ipython().run_line_magic(...)``."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return False
+    call = node.value
+    return (
+        isinstance(call.func, ast.Attribute)
+        and call.func.attr == "run_line_magic"
+        and bool(call.args)
+        and isinstance(call.args[0], ast.Constant)
+        and call.args[0].value == "matplotlib"
+    )
+
+
+def leading_imports(source: str) -> str:
+    """The cell's first statements, up to the first one that is neither an import nor a
+    ``%matplotlib`` line, as Python (magics translated); "" if there are none. Running
+    them runs nothing but imports (and the plotting backend's choice)."""
+    tree = _python(source)
+    if tree is None:
+        return ""
+    leading = []
+    for node in tree.body:
+        if not (isinstance(node, (ast.Import, ast.ImportFrom)) or _is_matplotlib_magic(node)):
+            break
+        leading.append(node)
+    return ast.unparse(ast.Module(body=leading, type_ignores=[])) if leading else ""
 
 
 def needed_cells(sources: list[str], targets: list[int]) -> list[int]:

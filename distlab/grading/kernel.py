@@ -1,0 +1,85 @@
+"""Start a notebook's kernel first, and let it import what the first cell imports meanwhile.
+
+The exercise runner (``distlab grade --exercise``, a contained child process) spends its
+first seconds loading nbgrader, for its Execute step and its grading rule; the kernel
+spends its first seconds starting and importing torch for the first cell. One after the
+other, the learner waits for both. :func:`start_kernel` starts the kernel before nbgrader
+loads, as nbclient would start it (the notebook's kernelspec, the run folder, an
+in-memory history), and sends it the first cell's leading imports
+(:func:`distlab.grading.slicing.leading_imports`) to run while nbgrader loads; the
+Execute step then runs every cell, the first one included, in that kernel.
+
+Why this leaves every grade as it was:
+
+* importing a module again returns the module the first import loaded, so the first cell
+  does exactly what it did; it binds its names itself, because the early imports run in
+  a namespace of their own, not the notebook's;
+* the early request is ``silent`` (no execution count, no history, no ``_``) and does not
+  stop the queue on an error: a failing import fails again, in the first cell;
+* only statements that do nothing but import (and ``%matplotlib`` lines, which choose the
+  plotting backend, in their order) are sent, and only those before anything else in the
+  cell: a cell that sets an environment variable before ``import torch`` (notebook 11
+  does, for the profiler) sends the imports above that line only;
+* nothing is sent when the first cell is a test cell; what the early imports print goes
+  nowhere, but it belongs to no test cell.
+
+The kernel inherits the child's environment, so :func:`distlab.grading.run.run_contained`
+ends it with everything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distlab.grading.cells import is_graded
+from distlab.grading.slicing import leading_imports
+
+
+@dataclass
+class EarlyKernel:
+    """A started kernel (``manager``: jupyter_client's AsyncKernelManager) and the client
+    that sent it the early imports."""
+
+    manager: object
+    client: object
+
+    def shut_down(self) -> None:
+        """Stop the client's channels and shut the kernel down (politely, as nbclient does)."""
+        from jupyter_core.utils import run_sync
+
+        self.client.stop_channels()
+        if run_sync(self.manager.is_alive)():
+            run_sync(self.manager.shutdown_kernel)(now=False)
+        run_sync(self.manager.cleanup_resources)()
+
+
+def early_imports(nb) -> str:
+    """The code sent to the kernel before the notebook runs: its first code cell's leading
+    imports, executed in a namespace of their own ("" when there is nothing to send)."""
+    first = next((c for c in nb.cells if c.get("cell_type") == "code"), None)
+    if first is None or is_graded(first):
+        return ""
+    imports = leading_imports(first.source)
+    return f"exec({imports!r}, {{'get_ipython': get_ipython}})" if imports else ""
+
+
+def start_kernel(nb, folder: str) -> EarlyKernel:
+    """Start ``nb``'s kernel in ``folder`` as nbclient starts it, send it
+    :func:`early_imports` (without waiting for them), and return it."""
+    from jupyter_client.session import Session
+    from nbclient import NotebookClient
+
+    starter = NotebookClient(nb, resources={"metadata": {"path": folder}})
+    starter.km = starter.create_kernel_manager()
+    starter.start_new_kernel()
+    # A session of its own: the kernel routes replies by the session id, and the Execute
+    # step's client, made by the same manager, would otherwise share this one's.
+    session = Session(
+        key=starter.km.session.key, signature_scheme=starter.km.session.signature_scheme
+    )
+    client = starter.km.client(session=session)
+    client.start_channels()
+    code = early_imports(nb)
+    if code:
+        client.execute(code, silent=True, store_history=False, stop_on_error=False)
+    return EarlyKernel(starter.km, client)
