@@ -14,12 +14,13 @@ where the course's notebooks live):
 * :mod:`~distlab.grading.exercise`: one exercise, running only the cells it needs;
 * :mod:`~distlab.grading.command`: the ``distlab grade`` command (:func:`register`).
 
-Three more are loaded only where they are used: :mod:`~distlab.grading.execute`
+Four more are loaded only where they are used: :mod:`~distlab.grading.execute`
 (nbgrader's Execute step that reports timeouts and dead kernels; it runs inside
 nbgrader and the exercise runner, and imports nbgrader),
-:mod:`~distlab.grading.nbgrader_main` (nbgrader's commands, several in one child process,
-with their fixed costs cut) and :mod:`~distlab.grading.mutants` (grades plausible wrong
-answers, for the course's tests). The ``distlab grade`` process itself never imports
+:mod:`~distlab.grading.kernel` (the exercise runner's kernel, started before nbgrader
+loads, with the first cell's imports under way), :mod:`~distlab.grading.nbgrader_main`
+(nbgrader's commands, several in one child process, with their fixed costs cut) and
+:mod:`~distlab.grading.mutants` (grades plausible wrong answers, for the course's tests). The ``distlab grade`` process itself never imports
 nbgrader: its children do, and send back the points.
 """
 
