@@ -204,3 +204,56 @@ def test_context_parallel_attention_three_ways(context):
     for losses, sent in runs:
         assert losses == pytest.approx(want[:3], rel=1e-5), context
         assert sent.get("cp", 0) > 0, f"{context}: nothing sent in the cp group"
+
+
+def _train_recompute(rank, world_size, layout):
+    torch.set_num_threads(1)
+    from distlab.parallel.compose import train
+
+    tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
+    run = train(GPT(CONFIG, seed=0), layout, tokens, targets, steps=3, lr=LR, optimizer=OPTIMIZER)
+    return run.losses, run.peak_activation_bytes
+
+
+def test_selective_recomputation_keeps_the_losses_and_saves_activations():
+    """Layout(recompute="selective"): the attention core is recomputed in backward
+    (Korthikanti et al. 2022, Section 5): the same losses, fewer bytes kept for backward."""
+    plain, selective = Layout(tp=2, dp=2), Layout(tp=2, dp=2, recompute="selective")
+    _, want = single_process(plain, CONFIG, None)
+    kept = {}
+    for layout in (plain, selective):
+        runs = distlab.run(_train_recompute, 4, args=(layout,), timeout=300)
+        for losses, _ in runs:
+            assert losses == pytest.approx(want[:3], rel=1e-5), layout.label()
+        kept[layout.recompute] = max(peak for _, peak in runs)
+    assert kept["selective"] < kept["none"], kept
+
+
+def _train_dropout(rank, world_size, layout, config):
+    torch.set_num_threads(1)
+    from distlab.parallel.compose import train
+
+    tokens, targets = gpt_batch(BATCH, config, seed=1)
+    run = train(GPT(config, seed=0), layout, tokens, targets, steps=2, lr=LR, optimizer=OPTIMIZER)
+    return run.coordinates, run.shards
+
+
+def test_dropout_keeps_the_tensor_parallel_ranks_one_model():
+    """With dropout, the tp ranks of a replica must drop the same elements of the
+    replicated activations (else their LayerNorms, biases and position embeddings
+    drift apart) and different ones inside the parallel region (Megatron's RNG
+    tracker, distlab.parallel.tensor.rng): after two steps the replicated
+    parameters are still bit for bit the same on both tp ranks."""
+    config = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=2, dropout=0.1)
+    runs = distlab.run(_train_dropout, 4, args=(Layout(tp=2, dp=2), config), timeout=300)
+    from distlab.parallel.tensor.layers import COLUMN_PARALLEL, ROW_PARALLEL
+
+    for first, second in zip(runs[0::2], runs[1::2], strict=True):
+        assert first[0]["dp"] == second[0]["dp"] and first[0]["tp"] != second[0]["tp"]
+        replicated = [
+            n for n in first[1]
+            if n.startswith(("pos.", "ln_f.")) or (n.startswith("blocks.") and not n.split(".", 2)[2].startswith((*COLUMN_PARALLEL, *ROW_PARALLEL)))
+        ]  # fmt: skip
+        assert "pos.weight" in replicated and "blocks.0.ln1.weight" in replicated
+        for name in replicated:
+            assert torch.equal(first[1][name], second[1][name]), f"{name} differs across tp ranks"

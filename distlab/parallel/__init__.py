@@ -21,6 +21,9 @@ One idea per module, each short enough to read top to bottom:
 ``tensor/``         Megatron tensor parallelism: f/g, column/row layers, GPT,
                     and its extension, sequence parallelism (``tensor.sequence``)
 ``context``         context parallelism: ring attention, zig-zag split
+``context_gather``  context parallelism by all-gathering K/V (Llama 3)
+``ulysses``         context parallelism by all-to-all over the heads (DeepSpeed-Ulysses)
+``sharding/``       sharded matmuls in named-axis notation: which case, what to send
 ``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
 ``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name
 ``moe_gpt``         the GPT with MoE blocks, and its expert-parallel block

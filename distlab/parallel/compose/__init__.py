@@ -11,10 +11,12 @@
 A layout is a setting, not a file: TP x CP x DP, TP x PP x CP, TP x EP x PP,
 TP x PP x DP with FSDP, sequence parallelism with the interleaved schedule all
 run through the same two functions (:mod:`.model` for the order in which the
-parallelisms are applied, :mod:`.loop` for the step).
+parallelisms are applied, :mod:`.loop` for the step); :mod:`.checkpoint` saves a
+run of any layout and loads it into any other.
 """
 
 from .blocks import ContextParallelAttention, StageEmbedding, StageHead
+from .checkpoint import load_checkpoint, save_checkpoint
 from .loop import (
     OPTIMIZERS,
     ComposedRun,
@@ -39,8 +41,10 @@ __all__ = [
     "cut_stage",
     "dense_shard",
     "final_parameters",
+    "load_checkpoint",
     "make_optimizer",
     "my_batch",
     "parallelize",
+    "save_checkpoint",
     "train",
 ]

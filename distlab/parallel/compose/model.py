@@ -63,6 +63,7 @@ from distlab.parallel.tensor import (
 )
 from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.tensor.layers import block_shard
+from distlab.parallel.tensor.rng import RNGTracker
 from distlab.parallel.tensor.vocab import vocab_shard
 from distlab.parallel.ulysses import Ulysses
 
@@ -165,15 +166,16 @@ def check_model(
     )
 
 
-def _block_maker(layout: Layout, mesh: ParallelMesh, groups: list, split: str, context, algorithm):
+def _block_maker(layout, mesh, groups: list, split: str, context, algorithm, rng):
     """Steps 2 and 3: the function :class:`ParallelGPT` builds each block with."""
 
     def make_block(dense: GPTBlock, comm: TensorParallelComm, *, sequence_parallel: bool):
         if isinstance(dense.mlp, MoE):  # expert parallelism
             all_to_all = "builtin" if algorithm == "builtin" else "pairwise"
             block = ParallelMoEBlock(dense, comm, mesh["ep"], all_to_all)
+            block.attn.rng = rng  # its attention is tensor-parallel like any other
         else:
-            block = ParallelBlock(dense, comm, sequence_parallel=sequence_parallel)
+            block = ParallelBlock(dense, comm, sequence_parallel=sequence_parallel, rng=rng)
         if layout.recompute == "selective":  # Korthikanti et al. 2022, Section 5
             block.attn.recompute_attention = True
         if layout.cp > 1:  # context parallelism: the attention core over the cp ranks
@@ -243,13 +245,20 @@ def parallelize(
     split: str = "zigzag",
     context: str = "ring",
     algorithm: str = "ring",
+    seed: int = 0,
 ) -> ParallelModel:
     """Apply ``layout``'s parallelisms to ``model`` in :data:`ORDER` (module docstring).
 
     ``mesh``: the job's mesh (built from ``layout`` when omitted; every rank must call);
     ``split``: how sequences are cut over cp; ``context``: how the cp ranks attend over
     the whole sequence (a key of :data:`CONTEXT_ATTENTION`); ``algorithm``: the tensor-parallel
-    all-reduce (:data:`distlab.parallel.comm.ALGORITHMS`)."""
+    all-reduce (:data:`distlab.parallel.comm.ALGORITHMS`).
+
+    Dropout (``model.config.dropout > 0``) with tp > 1 follows Megatron's RNG tracker
+    (:mod:`distlab.parallel.tensor.rng`): the default random stream is reseeded with
+    ``seed + 100 * pp_rank`` on every rank (alike on the tp ranks of a stage, so the
+    replicated activations drop the same elements), and dropout inside the
+    tensor-parallel region draws from a stream seeded per tp rank."""
     if not isinstance(layout, Layout):
         raise TypeError(f"layout must be a distlab Layout, got {type(layout).__name__}")
     schedule = check_model(model, layout, split=split, context=context)
@@ -260,10 +269,14 @@ def parallelize(
         raise ValueError(f"the mesh was built for {mesh.layout.label()}, not {layout.label()}")
     where, context_groups = mesh.coordinates, []
     comm = TensorParallelComm(algorithm, group=mesh["tp"])  # 1. tensor
+    rng = None
+    if model.config.dropout and layout.tp > 1:
+        rng = RNGTracker(seed + 100 * where["pp"], where["tp"])
+        rng.seed_default()
     cp_split = (layout.cp, where["cp"], split) if layout.cp > 1 else None  # 2. context
     gpt = ParallelGPT(
         model, comm, sequence_parallel=layout.sequence_parallel, context=cp_split,
-        make_block=_block_maker(layout, mesh, context_groups, split, context, algorithm),  # 2. and 3. expert
+        make_block=_block_maker(layout, mesh, context_groups, split, context, algorithm, rng),  # 2. and 3. expert
     )  # fmt: skip
     stage = cut_stage(gpt, where["pp"], layout.pp, layout.virtual_stages)  # 4. pipeline
     wrappers = []

@@ -9,6 +9,8 @@
 ``activations`` measured saved-for-backward bytes (saved-tensor hooks)
 ``overlap``     the collective matmul: all-gather (or reduce-scatter) pipelined
                 with the matmul in chunks, timelines and exposed communication
+``rng``         dropout under TP: a seed per TP rank inside the parallel region,
+                one seed outside it (Megatron's RNG tracker)
 ==============  ==============================================================
 
 Sequence parallelism is :mod:`distlab.parallel.tensor.sequence`, context
