@@ -398,15 +398,19 @@ def zb_v(stages: int, micro_batches: int) -> Schedule:
     first rank's warm-up alone runs 2p - 1 forwards).
     """
     p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
-    if m < 2 * p - 1:
+    return _v_schedule("zb_v", "ZB-V", p, m, (2 * p - 1, "2 * stages - 1"), _zb_v_rank)
+
+
+def _v_schedule(name: str, label: str, p: int, m: int, least: tuple, rank_actions) -> Schedule:
+    """The V-shaped schedule whose rank r runs ``rank_actions(p, m, r)``; ``least`` is the
+    smallest m it takes and how that reads, (2p, "2 * stages")."""
+    if m < least[0]:
         raise ValueError(
-            f"ZB-V needs micro_batches >= 2 * stages - 1 = {2 * p - 1} (the first rank warms "
-            f"up with that many forwards); got micro_batches={m}, stages={p}"
+            f"{label} needs micro_batches >= {least[1]} = {least[0]}; "
+            f"got micro_batches={m}, stages={p}"
         )
-    ranks = [_zb_v_rank(p, m, r) for r in range(p)]
-    return Schedule(
-        tuple(ranks), 2, "zb_v", micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v")
-    )
+    ranks = tuple(rank_actions(p, m, r) for r in range(p))
+    return Schedule(ranks, 2, name, micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v"))
 
 
 def _zb_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
@@ -468,15 +472,7 @@ def dualpipe_v(stages: int, micro_batches: int) -> Schedule:
     p + 1/2 micro-batches of its layers (the report's PP + 1 chunks of half size).
     """
     p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
-    if m < 2 * p:
-        raise ValueError(
-            f"DualPipeV needs micro_batches >= 2 * stages = {2 * p}; "
-            f"got micro_batches={m}, stages={p}"
-        )
-    ranks = [_dualpipe_v_rank(p, m, r) for r in range(p)]
-    return Schedule(
-        tuple(ranks), 2, "dualpipe_v", micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v")
-    )
+    return _v_schedule("dualpipe_v", "DualPipeV", p, m, (2 * p, "2 * stages"), _dualpipe_v_rank)
 
 
 def _dualpipe_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
