@@ -51,7 +51,7 @@ from .ddp import BucketedDDP, NaiveDDP
 from .ddp_timing import time_ddp_variants
 from .fsdp import FSDP
 from .memory import MeasuredModelState, measure_model_state, storage_bytes
-from .mesh import MeshLayout, ParallelMesh, build_mesh
+from .mesh import ParallelMesh, build_mesh
 from .mixed_precision import (
     DynamicLossScaler,
     MixedPrecisionOptimizer,
@@ -77,7 +77,6 @@ __all__ = [
     "DynamicLossScaler",
     "ExpertParallelMoE",
     "MeasuredModelState",
-    "MeshLayout",
     "MixedPrecisionOptimizer",
     "MixedPrecisionPolicy",
     "MoE",

@@ -117,7 +117,3 @@ def build_mesh(
                 mine[name] = created[key]
     name_groups(mine)  # an open trace_comm names its calls "tp", "dp", ...
     return ParallelMesh(layout, rank, mine)
-
-
-#: the old name of :class:`~distlab.core.layout.Layout`, kept while notebook 09 moves over
-MeshLayout = Layout

@@ -93,7 +93,3 @@ def train_3d(
     )  # fmt: skip
     model = GPT(config, seed=seed)
     return train(model, layout, tokens, targets, steps=steps, lr=lr, optimizer=optimizer)
-
-
-# notebook 09 imported the slice rule from here; it lives in distlab.parallel.compose now
-from distlab.parallel.compose import dense_shard  # noqa: F401
