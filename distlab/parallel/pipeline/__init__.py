@@ -2,7 +2,7 @@
 
 ==============  =============================================================
 ``schedule``    the schedule type and generators (GPipe, 1F1B, interleaved,
-                breadth-first, ZB-H1, ZB-H2, ZB-V, DualPipeV), the checker and the replay; defined, torch-free, in
+                breadth-first, ZB-H1, ZB-H2, ZB-V, DualPipeV, DualPipe), the checker and the replay; defined, torch-free, in
                 :mod:`distlab.core.pipeline_schedule` and
                 :mod:`distlab.sim.pipeline_replay`, re-exported here
 ``partition``   the tiny GPT as a list of layers; balanced cuts by parameter
@@ -30,6 +30,7 @@ from distlab.core.pipeline_schedule import (
     Schedule,
     breadth_first,
     build,
+    dualpipe,
     dualpipe_v,
     gpipe,
     interleaved,
@@ -59,6 +60,7 @@ __all__ = [
     "breadth_first",
     "build",
     "check",
+    "dualpipe",
     "dualpipe_v",
     "from_torch",
     "gpipe",
