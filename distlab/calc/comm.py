@@ -22,6 +22,7 @@ and ZeRO cut :mod:`distlab.calc.buckets`, and distlab's own TP x PP x DP run
 from __future__ import annotations
 
 from distlab.core.checks import choice, positive, positive_int
+from distlab.core.layout import ZERO_STAGES
 
 from .volume import (
     AllToAllPart,
@@ -29,7 +30,6 @@ from .volume import (
     CommVolume,
 )
 
-_ZERO_STAGES = (0, 1, 2, 3)
 _RECOMPUTE = ("none", "selective", "full")
 #: the ways attention reaches the other ranks' tokens under context parallelism
 CP_METHODS = ("ring", "all_gather", "ulysses")
@@ -62,7 +62,7 @@ def data_parallel_comm(
     """
     psi = positive("n_params", n_params)
     k = positive_int("dp", dp)
-    choice("zero_stage", zero_stage, _ZERO_STAGES)
+    choice("zero_stage", zero_stage, ZERO_STAGES)
     m = positive_int("micro_batches", micro_batches)
     grads = psi * positive_int("bytes_per_grad", bytes_per_grad)
     params = psi * positive_int("bytes_per_param", bytes_per_param)

@@ -28,11 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.core.checks import choice, divides, positive, positive_int
-from distlab.core.layout import RECOMPUTE_MODES
+from distlab.core.layout import RECOMPUTE_MODES, ZERO_STAGES
 
 from .pipeline import SCHEDULES, in_flight_micro_batches
-
-ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
