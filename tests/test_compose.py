@@ -180,6 +180,8 @@ def test_refused_combinations_say_why():
         check_model(GPT(CONFIG), Layout(pp=2, dp=2, zero_stage=2))
     with pytest.raises(ValueError, match="recompute='full' is not applied"):
         check_model(GPT(CONFIG), Layout(tp=2, recompute="full"))
+    with pytest.raises(ValueError, match="places its chunks in a V"):
+        check_model(GPT(CONFIG), Layout(pp=2, schedule="zb_v"))
     with pytest.raises(ValueError, match="context must be one of"):
         check_model(GPT(CONFIG), Layout(cp=2), context="star")
 

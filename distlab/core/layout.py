@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from distlab.core.checks import int_in, positive_int
-from distlab.core.pipeline_schedule import GENERATORS
+from distlab.core.pipeline_schedule import GENERATORS, LOOPING
 from distlab.core.ranks import DEFAULT_ORDER, GROUP_NAMES, check_degrees, parse_order, rank_groups
 
 #: activation recomputation: none, the attention core only (Korthikanti et al.
@@ -102,10 +102,11 @@ class Layout:
                 f"virtual_stages={self.virtual_stages} needs pp >= 2: "
                 "one pipeline stage has nothing to interleave"
             )
-        if self.virtual_stages > 1 and self.schedule not in (None, "interleaved"):
+        if self.virtual_stages > 1 and self.schedule not in (None, *LOOPING):
+            allowed = " or ".join(map(repr, LOOPING))
             raise ValueError(
-                f"virtual_stages={self.virtual_stages} needs the 'interleaved' schedule, "
-                f"not {self.schedule!r}"
+                f"virtual_stages={self.virtual_stages} needs a schedule with model chunks "
+                f"looping round the ranks ({allowed}), not {self.schedule!r}"
             )
 
     @classmethod

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.core.layout import Layout
+from distlab.core.pipeline_schedule import V_SHAPED
 from distlab.models import GPT, GPTBlock
 from distlab.parallel.context import ContextGroup, Ring, chunk_count
 from distlab.parallel.context_gather import KVGather
@@ -159,6 +160,12 @@ def check_model(
     if layout.recompute == "selective" and layout.cp > 1:
         raise ValueError("recompute='selective' with cp > 1 is not supported: recomputing "
                          "the attention core would pass the K/V blocks round the cp ranks again")  # fmt: skip
+    if layout.pipeline_schedule in V_SHAPED:
+        raise ValueError(
+            f"schedule {layout.pipeline_schedule!r} places its chunks in a V; parallelize cuts "
+            "stages loop-around (chunk c of rank r is stage c p + r): run V-shaped schedules "
+            "with distlab.parallel.pipeline (gpt_stage(..., placement='v'))"
+        )
     if layout.cp > 1 and c.dropout:
         raise ValueError(f"context parallelism needs dropout 0, got {c.dropout}")
     return build(
