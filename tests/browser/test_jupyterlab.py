@@ -2,7 +2,9 @@
 player's slider and the flashcard drill, in headless Chromium (see conftest.py).
 
 Which notebooks: ``$DISTLAB_BROWSER_NOTEBOOKS`` (comma-separated names, or ``all``); by
-default the two that CI runs, 00-launching and 02-collectives (the one with the player).
+default the ones CI runs: 00-launching, 02-collectives (the one with the player), and the
+three that hold the newest sections (07's dropout and context parallelism, 08's schedules
+beyond ZB-H1, 13's sharded matmuls and overlap timelines).
 ``python scripts/browser_check.py`` runs every notebook. Screenshots land in out/browser/.
 """
 
@@ -21,7 +23,13 @@ from flashcards.store import Store
 ROOT = Path(__file__).resolve().parents[2]
 COURSE = ROOT / "course"
 ALL_NOTEBOOKS = sorted(p.name for p in COURSE.iterdir() if any(p.glob("*.ipynb")))
-CI_NOTEBOOKS = ["00-launching", "02-collectives"]
+CI_NOTEBOOKS = [
+    "00-launching",
+    "02-collectives",
+    "07-tensor-and-sequence-parallelism",
+    "08-pipeline-parallelism",
+    "13-sharded-matmuls-and-overlap",
+]
 NOTEBOOKS_ENV_VAR = "DISTLAB_BROWSER_NOTEBOOKS"
 PLAYER_CALL = "ring_all_reduce_player("
 WIDGET_TIMEOUT_MS = 60_000
