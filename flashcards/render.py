@@ -185,6 +185,8 @@ _OPERATORS = {
     "geq": "≥",
     "ll": "≪",
     "gg": "≫",
+    "lesssim": "≲",
+    "gtrsim": "≳",
     "ne": "≠",
     "neq": "≠",
     "in": "∈",

@@ -406,9 +406,9 @@ def test_up_to_keeps_the_notebooks_done_so_far(tmp_path, clock):
     assert len(new_session(tmp_path / "r.db", clock, up_to="06-zero-and-fsdp").cards) == 6
     with pytest.raises(ValueError, match="no card matches .*up_to='01'"):
         new_session(tmp_path / "r.db", clock, up_to="01")
-    for bad in ("13", "3a", "-1", "07-tensor"):
+    for bad in ("14", "3a", "-1", "07-tensor"):
         with pytest.raises(
-            ValueError, match=rf"up_to \(--up-to\) must be a notebook number 0-12.*got '{bad}'"
+            ValueError, match=rf"up_to \(--up-to\) must be a notebook number 0-13.*got '{bad}'"
         ):
             new_session(tmp_path / "r.db", clock, up_to=bad)
     with pytest.raises(TypeError, match="up_to .--up-to. must be"):
