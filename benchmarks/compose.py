@@ -37,7 +37,7 @@ from distlab.calc.three_d import gpt_spec
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
-from test_compose import BATCH, CASES, OPTIMIZER
+from test_compose import BATCH, CASES, OPTIMIZER, make_model
 
 ACTIVATION_NOTE = (
     "peak activations differ by design: calc is Korthikanti et al.'s 16-bit GPT layer (dropout\n"
@@ -50,16 +50,11 @@ ACTIVATION_NOTE = (
 def _worker(rank, world_size, layout, config, moe, steps):
     import torch
 
-    from distlab.models import GPT, gpt_batch
+    from distlab.models import gpt_batch
     from distlab.parallel.compose import train
 
     torch.set_num_threads(1)
-    if moe is None:
-        model = GPT(config, seed=0)
-    else:
-        from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
-
-        model = MoEGPT(config, MoEConfig(num_experts=4, **moe), seed=0)
+    model = make_model(config, moe)  # the plain model tests/test_compose.py starts from
     tokens, targets = gpt_batch(BATCH, config, seed=1)
     run = train(model, layout, tokens, targets, steps=steps, lr=0.1, optimizer=OPTIMIZER)
     return {

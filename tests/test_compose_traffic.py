@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_compose import BATCH, CASES, OPTIMIZER  # the six layouts, one place
+from test_compose import BATCH, CASES, OPTIMIZER, make_model  # the six layouts, one place
 
 import distlab
 from distlab.calc.comm import context_parallel_comm
@@ -47,15 +47,9 @@ def predicted(layout: Layout, config: GPTConfig, moe: dict | None, rank: int) ->
 
 def _train(rank, world_size, layout, config, moe):
     torch.set_num_threads(1)
-    from distlab.models import GPT
     from distlab.parallel.compose import train
 
-    if moe is None:
-        model = GPT(config, seed=0)
-    else:
-        from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
-
-        model = MoEGPT(config, MoEConfig(num_experts=4, **moe), seed=0)
+    model = make_model(config, moe)
     tokens, targets = gpt_batch(BATCH, config, seed=1)
     run = train(model, layout, tokens, targets, steps=STEPS, lr=0.1, optimizer=OPTIMIZER)
     return run.rank, run.bytes_by_group, run.model_state_bytes

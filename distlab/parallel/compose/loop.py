@@ -77,10 +77,6 @@ class ComposedRun:
     bytes_by_group: list[dict[str, int]] = field(default_factory=list)  # per step, wire bytes
     moe_stats: list[list[MoELayerStats]] = field(default_factory=list)  # per step, per MoE layer
 
-    @property
-    def is_last_stage(self) -> bool:
-        return self.losses is not None
-
 
 class PlainSGD:
     """SGD without momentum, written out: ``p -= lr * p.grad``, what ``torch.optim.SGD(params, lr)``
