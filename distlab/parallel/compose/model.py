@@ -56,6 +56,7 @@ from distlab.parallel.mesh import ParallelMesh, build_mesh
 from distlab.parallel.moe import MoE
 from distlab.parallel.moe_gpt import ParallelMoEBlock
 from distlab.parallel.pipeline import PipelineStage, Schedule, build
+from distlab.parallel.pipeline.stage import tied_embedding_peer
 from distlab.parallel.tensor import (
     ParallelBlock,
     ParallelGPT,
@@ -217,8 +218,9 @@ def cut_stage(gpt: ParallelGPT, stage: int, stages: int, chunks: int = 1) -> Pip
             layers.append(StageHead(gpt))
         modules[chunk] = nn.Sequential(*layers)
     tied, peer = [], None
-    if gpt.config.tie_embeddings and stages > 1 and stage in (0, stages - 1):
-        tied, peer = [gpt.tok.weight], stages - 1 - stage
+    if gpt.config.tie_embeddings:  # loop placement: stage 0 holds the embedding, p - 1 the head
+        peer = tied_embedding_peer(stage, 0, stages - 1)
+        tied = [gpt.tok.weight] if peer is not None else []
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(

@@ -87,6 +87,16 @@ class PipelineStage:
         return list(seen.values())
 
 
+def tied_embedding_peer(rank: int, first: int, last: int) -> int | None:
+    """The rank that ``rank`` swaps its part of a tied embedding's gradient with: the rank
+    holding the first virtual stage (the embedding) and the one holding the last (the
+    head) exchange theirs after the backward passes; ``None`` for any other rank, or
+    when one rank holds both (Narayanan et al. 2021, Section 3)."""
+    if first == last or rank not in (first, last):
+        return None
+    return first + last - rank
+
+
 def gpt_stage(
     model: GPT,
     rank: int,
@@ -139,11 +149,10 @@ def gpt_stage(
     ids = tuple(j for j, r in enumerate(owner) if r == rank)
     mine = {c: nn.Sequential(*(layers[i] for i in cut[j % parts])) for c, j in enumerate(ids)}
     tied, peer = [], None
-    first, last = owner[0], owner[-1]
     mirror = stages - 1 - rank if bidirectional else None  # adds every gradient, tied ones too
-    tied_model = model.head.weight is model.tok.weight
-    if tied_model and mirror is None and first != last and rank in (first, last):
-        tied, peer = [model.tok.weight], first + last - rank
+    if model.head.weight is model.tok.weight and mirror is None:
+        peer = tied_embedding_peer(rank, owner[0], owner[-1])
+        tied = [model.tok.weight] if peer is not None else []
     return PipelineStage(
         rank, stages, mine, tied=tied, tied_peer=peer, stage_ids=ids, mirror=mirror
     )
