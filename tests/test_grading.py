@@ -354,3 +354,31 @@ def test_early_imports_run_first_and_bind_nothing_in_the_notebook(tmp_path):
     assert errors == [] and [c.execution_count for c in executed.cells] == [1, 2, 3, 4]
     assert json.loads(scores.read_text()) == {"t": 2.0}
     assert not kernel.manager.has_kernel, "the early kernel is shut down"
+
+
+@pytest.mark.timeout(600)
+def test_the_exercise_child_never_loads_the_slow_modules_grading_skips(tmp_path):
+    """The child of ``distlab grade --exercise`` loads distlab.grading before nbformat, so
+    rfc3987_syntax (about 2.5 s of CPU) stays out of it, as out of every grading process."""
+    import subprocess
+
+    from distlab.grading.exercise import child_command
+    from distlab.grading.run import UNUSED_SLOW_MODULES, nbgrader_env
+
+    run = nbformat.v4.new_notebook(cells=[_graded_cell("assert 1 + 1 == 2", [])])
+    given, done, points = tmp_path / "in.ipynb", tmp_path / "out.ipynb", tmp_path / "s.json"
+    nbformat.write(run, given)
+    python, flag, module, *args = child_command(given, done, points, 300)
+    assert flag == "-m", "the child runs as a module of distlab.grading"
+    probe = (  # run the child as -m would, then list the slow modules it really loaded
+        "import json, runpy, sys\n"
+        f"sys.argv = [{module!r}, *{args!r}]\n"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+        f"print(json.dumps([m for m in {UNUSED_SLOW_MODULES!r} if sys.modules.get(m)]))\n"
+    )
+    done_probe = subprocess.run(
+        [python, "-c", probe], cwd=tmp_path, env=nbgrader_env(), capture_output=True,
+        text=True, check=True, timeout=500,
+    )  # fmt: skip
+    assert json.loads(done_probe.stdout.splitlines()[-1]) == []
+    assert json.loads(points.read_text()) == {"t": 2.0}

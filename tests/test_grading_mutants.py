@@ -123,6 +123,23 @@ def test_the_slice_keeps_definers_and_setup_and_drops_demos():
     assert names.uses == {"print", "z", "v", "q"} and {"n", "y", "q"} <= names.defines
 
 
+def test_a_name_bound_inside_a_nested_function_is_not_read_from_the_notebook():
+    """Python's scopes: ``rank`` and ``worker`` below belong to the functions, so the cells
+    that bind them at the top level (demos that loop over ranks) are not pulled in."""
+    cells = [
+        "for rank in range(4):\n    print(rank)",  # 0: a demo
+        "for worker in (1, 2):\n    print(worker)",  # 1: another
+        "K = 3",  # 2
+        "def check(n):\n    def worker(rank, ws):\n        return rank + K\n"
+        "    return run(worker, n)",  # 3
+        "class Probe:\n    K = 0\n    def value(self):\n        return K",  # 4: the global K
+        "assert check(2) and Probe().value() == 3, 'checked'",  # 5: the test
+    ]
+    assert needed_cells(cells, [5]) == [2, 3, 4, 5]
+    names = cell_names("def f(x=A):\n    import math\n    return [y + B for y in C] + [math]")
+    assert names.uses == {"A", "B", "C"}
+
+
 def test_exercise_choice_names_the_choices():
     source = nbformat.read(
         ROOT / "solutions" / "03-algorithms-and-cost" / "03-algorithms-and-cost.ipynb",

@@ -32,7 +32,7 @@ from nbclient.exceptions import DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from nbgrader.utils import determine_grade
-from traitlets import Integer
+from traitlets import Integer, default
 
 from distlab.core.course import CONFIG_FILE, find_course_root
 from distlab.grading.cells import grade_id_of, is_graded
@@ -59,6 +59,13 @@ class GuardedExecute(Execute):
     max_kernel_deaths = Integer(3, help="deaths after which the remaining cells are not run").tag(
         config=True
     )
+
+    @default("shutdown_kernel")
+    def _end_kernel_at_once(self) -> str:
+        # nbclient's "graceful" waits about a second for the kernel's atexit hooks once
+        # every cell has run; the outputs are read by then, and the workers a notebook
+        # started end themselves when their parent (the kernel) goes.
+        return "immediate"
 
     def preprocess(self, nb, resources=None, km=None):
         self._dead: list[int] = []  # cells that killed the kernel

@@ -38,24 +38,10 @@ from distlab.grading.resolve import resolve_notebook
 from distlab.grading.run import nbgrader_env, run_contained
 from distlab.grading.slicing import needed_cells
 
-#: The child that runs the cut-down notebook, ``python -c CHILD IN OUT --scores FILE
-#: [--timeout S]``: it starts the notebook's kernel and its early imports first
-#: (:mod:`distlab.grading.kernel`), then loads nbgrader and executes the notebook as
-#: nbgrader would (:func:`distlab.grading.execute.main`), in that kernel.
-CHILD = """
-import os
-import sys
-
-import nbformat
-
-from distlab.grading.kernel import start_kernel
-
-kernel = start_kernel(nbformat.read(sys.argv[1], as_version=4), os.getcwd())
-
-from distlab.grading.execute import main
-
-main(sys.argv[1:], kernel)
-"""
+#: The child that runs the cut-down notebook, ``python -m CHILD IN OUT --scores FILE
+#: [--timeout S]``: it starts the notebook's kernel and its early imports first, then loads
+#: nbgrader and executes the notebook as nbgrader would, in that kernel (see its ``main``).
+CHILD = "distlab.grading.kernel"
 
 
 def choose_tests(source, exercise: str | int) -> list[str]:
@@ -148,6 +134,13 @@ def _score(test_cell, executed: dict, scores: dict[str, float]) -> ExerciseScore
     return ExerciseScore(grade_id, title, score, points, why, meta.get("flashcards"), where)
 
 
+def child_command(given: Path, done: Path, points: Path, timeout: int | None) -> list[str]:
+    """The command that executes the notebook ``given`` into ``done`` and writes its test
+    cells' points to ``points`` (:data:`CHILD`)."""
+    command = [sys.executable, "-m", CHILD, str(given), str(done), "--scores", str(points)]
+    return command + (["--timeout", str(timeout)] if timeout is not None else [])
+
+
 def _execute(run, folder: Path, timeout: int | None) -> tuple[dict, dict[str, float]]:
     """Run the notebook beside copies of the files in the learner's folder, in a contained
     subprocess (nothing it starts outlives it); return each executed graded cell by grade id,
@@ -163,10 +156,7 @@ def _execute(run, folder: Path, timeout: int | None) -> tuple[dict, dict[str, fl
         for item in folder.iterdir():
             if item.is_file() and item.suffix != ".ipynb":
                 shutil.copy2(item, work / item.name)
-        command = [sys.executable, "-c", CHILD, str(given), str(done), "--scores", str(points)]
-        if timeout is not None:
-            command += ["--timeout", str(timeout)]
-        code, log = run_contained(command, work, nbgrader_env())
+        code, log = run_contained(child_command(given, done, points, timeout), work, nbgrader_env())
         if code != 0 or not done.exists():
             raise RuntimeError(f"running the exercise's cells failed ({code}):\n{log[-3000:]}")
         executed = nbformat.read(done, as_version=4)

@@ -215,17 +215,7 @@ class _FreeNames(ast.NodeVisitor):
                 self.visit(default)
         for decorator in getattr(node, "decorator_list", []):
             self.visit(decorator)
-        local = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
-        body = node.body if isinstance(node.body, list) else [node.body]
-        for part in body:
-            for inner in ast.walk(part):
-                if isinstance(inner, ast.Name) and not isinstance(inner.ctx, ast.Load):
-                    local.add(inner.id)
-        for part in body:
-            for inner in ast.walk(part):
-                loads = isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load)
-                if loads and inner.id not in local:
-                    self.deferred.add(inner.id)
+        self.deferred |= enclosing_reads(node)
         if hasattr(node, "name"):
             self.bound.add(node.name)
 
@@ -237,6 +227,61 @@ class _FreeNames(ast.NodeVisitor):
         for statement in node.body:
             self.visit(statement)
         self.bound.add(node.name)
+
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def enclosing_reads(node: ast.AST) -> set[str]:
+    """The names a function, lambda, class body or comprehension reads from the scopes
+    around it, by Python's scope rules: a parameter, or a name the body assigns, imports or
+    defines, is its own, in nested functions too (a nested ``def worker(rank)`` reads no
+    ``rank`` from the notebook). Methods do not see the names their class body binds."""
+    if isinstance(node, _FUNCTIONS):
+        params = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        return _scope_reads(node.body if isinstance(node.body, list) else [node.body], params)
+    if isinstance(node, ast.ClassDef):
+        return _scope_reads(node.body, set(), class_body=True)
+    first, *rest = node.generators  # a comprehension: its first iterable is read outside
+    parts = [g.iter for g in rest] + [c for g in node.generators for c in g.ifs]
+    parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+    return _scope_reads(parts, set().union(*(_bound(g.target) for g in node.generators)))
+
+
+def _scope_reads(nodes: list[ast.AST], params: set[str], class_body: bool = False) -> set[str]:
+    """Names read in one scope (``nodes``, not entering nested scopes) or by the scopes
+    nested in it, that this scope does not bind itself."""
+    bound, declared_global = set(params), set()
+    reads, nested = set(), set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (*_FUNCTIONS, ast.ClassDef, *_COMPREHENSIONS)):
+            nested |= enclosing_reads(node)
+            if isinstance(node, _FUNCTIONS):  # defaults and decorators run out here
+                stack += [d for d in node.args.defaults + node.args.kw_defaults if d]
+            if isinstance(node, ast.ClassDef):
+                stack += node.bases + [k.value for k in node.keywords]
+            if isinstance(node, _COMPREHENSIONS):
+                stack.append(node.generators[0].iter)
+            else:
+                stack += getattr(node, "decorator_list", [])
+            if hasattr(node, "name"):
+                bound.add(node.name)
+            continue
+        if isinstance(node, ast.Name):
+            (reads if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared_global |= set(node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    bound -= declared_global  # `global x`: x is the notebook's, read and written there
+    own = (reads | declared_global) - bound
+    return own | nested if class_body else own | (nested - bound)
 
 
 def _free_names(tree: ast.Module, defines: set[str]) -> frozenset[str]:
