@@ -130,8 +130,7 @@ def test_a_name_bound_inside_a_nested_function_is_not_read_from_the_notebook():
         "for rank in range(4):\n    print(rank)",  # 0: a demo
         "for worker in (1, 2):\n    print(worker)",  # 1: another
         "K = 3",  # 2
-        "def check(n):\n    def worker(rank, ws):\n        return rank + K\n"
-        "    return run(worker, n)",  # 3
+        "def check(n):\n    def worker(rank, ws):\n        return rank + K\n    return run(worker, n)",
         "class Probe:\n    K = 0\n    def value(self):\n        return K",  # 4: the global K
         "assert check(2) and Probe().value() == 3, 'checked'",  # 5: the test
     ]

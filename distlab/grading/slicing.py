@@ -243,7 +243,7 @@ def enclosing_reads(node: ast.AST) -> set[str]:
         return _scope_reads(node.body if isinstance(node.body, list) else [node.body], params)
     if isinstance(node, ast.ClassDef):
         return _scope_reads(node.body, set(), class_body=True)
-    first, *rest = node.generators  # a comprehension: its first iterable is read outside
+    _, *rest = node.generators  # a comprehension: its first iterable is read outside
     parts = [g.iter for g in rest] + [c for g in node.generators for c in g.ifs]
     parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
     return _scope_reads(parts, set().union(*(_bound(g.target) for g in node.generators)))
