@@ -40,6 +40,7 @@ from .errors import (
 )
 from .messages import Failure, Job, Output, Ping, Ready, Result
 from .proc import group_members
+from .starter import ForkedWorkerProcess, Starter
 
 DEFAULT_TIMEOUT = 120.0
 _MAX_IDLE_WORKERS = 8
@@ -47,6 +48,7 @@ _MAX_IDLE_WORKERS = 8
 # The launcher's state, shared by every run of this process.
 _idle: list[_Worker] = []  # the warm pool: workers waiting for their next job
 _pool_lock = threading.Lock()
+_starter = Starter()  # forks ready workers (Linux); started on first use
 _line_start: dict[tuple[int, str], bool] = {}  # (rank, stream): is the next text a new line?
 
 
@@ -159,7 +161,7 @@ def _take_workers(n: int, warm: bool, deadline: float) -> list[_Worker]:
         fresh = []
         with _ctrl_c_deferred():
             for _ in range(n - len(workers)):
-                fresh.append(_start_worker())
+                fresh.append(_start_worker(fork=warm))
                 workers.append(fresh[-1])
         for worker in fresh:  # wait until each new worker has imported torch
             _wait_ready(worker, deadline)
@@ -198,19 +200,33 @@ def _answers_ping(worker: _Worker, deadline: float) -> bool:
         return False
 
 
-def _start_worker() -> _Worker:
-    """Start one worker with a plain ``python -c`` (not multiprocessing's spawn,
+def _start_worker(fork: bool = True) -> _Worker:
+    """Start one worker: forked by the starter, which imported torch already (Linux, see
+    :mod:`distlab.launch.starter`), else (or with ``fork=False``: a cold run keeps no
+    process, the starter included) a plain ``python -c`` (not multiprocessing's spawn,
     which would re-import the caller's ``__main__`` script)."""
     parent_sock, child_sock = socket.socketpair()
+    fd, native_stderr = tempfile.mkstemp(prefix="distlab-stderr-", suffix=".txt")
+    os.close(fd)
+    try:
+        if fork and _starter.usable():
+            process = _starter.start_worker(child_sock, native_stderr)
+        else:
+            process = _spawn_worker(child_sock, native_stderr)
+    finally:
+        child_sock.close()
+    return _Worker(process, Connection(parent_sock.detach()), native_stderr=native_stderr)
+
+
+def _spawn_worker(child_sock: socket.socket, native_stderr: str) -> subprocess.Popen:
+    """A worker as a fresh Python that imports torch itself."""
     code = (
         "import sys; from distlab.launch.worker import main; "
         "main(int(sys.argv[1]), int(sys.argv[2]))"
     )
-    fd, native_stderr = tempfile.mkstemp(prefix="distlab-stderr-", suffix=".txt")
-    os.close(fd)
     stderr = os.open(native_stderr, os.O_WRONLY | os.O_APPEND)
     try:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-c", code, str(child_sock.fileno()), str(os.getpid())],
             pass_fds=(child_sock.fileno(),),
             stdin=subprocess.DEVNULL,
@@ -219,8 +235,6 @@ def _start_worker() -> _Worker:
         )
     finally:
         os.close(stderr)
-        child_sock.close()
-    return _Worker(process, Connection(parent_sock.detach()), native_stderr=native_stderr)
 
 
 @dataclass
@@ -228,7 +242,7 @@ class _Worker:
     """The parent's handle on one worker process: its process, its end of the socket pair,
     and the two files it writes that the parent reads (stack dumps and native stderr)."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen | ForkedWorkerProcess
     conn: Connection
     stack_file: str = ""
     native_stderr: str = ""  # the file its file descriptor 2 writes to (C++ included)
@@ -250,8 +264,13 @@ class _Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group (it and whatever it started), then reap it."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(self.process.pid, signal.SIGKILL)  # its group id is its pid
+        except ProcessLookupError:  # a fork that has not made its own group yet
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.process.pid, signal.SIGKILL)
+        except PermissionError:
+            pass
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
@@ -470,7 +489,7 @@ def _return_workers(workers: list[_Worker]) -> None:
 
 
 def shutdown() -> None:
-    """Stop the warm worker pool (``run`` starts a new one when needed)."""
+    """Stop the warm worker pool and the starter (``run`` starts new ones when needed)."""
     with _pool_lock:
         while _idle:
             worker = _idle.pop()
@@ -479,6 +498,7 @@ def shutdown() -> None:
             except OSError:
                 pass
             worker.kill()
+        _starter.stop()
 
 
 atexit.register(shutdown)

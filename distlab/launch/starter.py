@@ -1,0 +1,257 @@
+"""Start workers in milliseconds: fork them from one process that imported torch already.
+
+A fresh worker spends about 2.5 s of CPU importing ``torch.distributed``. Four of them on
+a 2-core laptop keep it busy for about 5 s before the job starts, and every job that fails
+pays it again (a failed job's workers are not reused). On Linux the parent therefore keeps
+one *starter* process: it imports ``torch.distributed`` once, then, for each worker the
+parent asks for, forks a copy of itself that runs :func:`distlab.launch.worker.main`. A fork
+shares the imported modules, so a worker is ready at once. Elsewhere (macOS, Windows: fork
+is not safe there once native libraries are loaded), or when a variable that torch may read
+at import time changed since the starter imported it (:data:`READ_AT_IMPORT`), each worker
+is a fresh ``python`` as before (:func:`distlab.launch.parent._spawn_worker`); every other
+variable reaches a fork as the parent has it when the worker starts.
+
+The conversation, one JSON message per packet over a socket pair:
+
+* the parent sends ``["start", stderr_path, environment]`` (JSON) and passes the worker's end of its own
+  socket pair along (``SCM_RIGHTS``); the starter forks, and answers ``["started", pid]``;
+* the starter reaps its children and reports ``["ended", pid, exit code]``, with the exit
+  code as :class:`subprocess.Popen` gives it (negative: killed by that signal);
+* the starter exits when the parent dies or closes the socket; its workers then see
+  their parent gone and exit too (they watch their parent, see
+  :func:`distlab.launch.worker._watch_parent`).
+
+The starter never runs torch code, so it holds no state a fork could copy half-way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+#: Forking is used only here; other systems start a fresh Python per worker.
+CAN_FORK = sys.platform == "linux"
+
+#: Prefixes of environment variables that torch or its native libraries may read when
+#: torch is imported: thread pools, allocators, logging, the dynamic loader, Python itself.
+#: A fork inherits the import the starter made; if one of these changed since, a worker
+#: must import torch itself. Every other variable is passed to the fork as it is now.
+READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_",
+                  "NCCL_", "GLOO_", "LD_", "PYTHON")  # fmt: skip
+
+
+def _read_at_import() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(READ_AT_IMPORT)}
+
+
+# ------------------------------------------------------------ the parent's side ---
+class ForkedWorkerProcess:
+    """The parent's handle on a worker the starter forked: what ``run`` uses of
+    :class:`subprocess.Popen` (``pid``, ``poll``, ``wait``), fed by the starter's reports."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+        return self.returncode
+
+    def _end(self, code: int | None) -> None:
+        self.returncode = code
+        self._ended.set()
+
+
+class Starter:
+    """The parent's link to its starter process (started on first use)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        self._sock: socket.socket | None = None
+        self._environment: dict[str, str] = {}
+        self._workers: dict[int, ForkedWorkerProcess] = {}
+        self._answers: list[tuple[int | None, str | None]] = []  # (pid, or why not)
+        self.pid: int | None = None  # the starter process, once started
+        self._process: subprocess.Popen | None = None
+
+    def usable(self) -> bool:
+        """True if forking is possible here, and no variable read when torch is imported
+        (:data:`READ_AT_IMPORT`) changed since the starter imported it."""
+        return CAN_FORK and (self._sock is None or _read_at_import() == self._environment)
+
+    def start_worker(self, child_sock: socket.socket, stderr_path: str) -> ForkedWorkerProcess:
+        """Fork a worker that talks over ``child_sock`` and writes its native stderr to
+        ``stderr_path``; return its process handle. The first call waits for the starter's
+        own import of torch."""
+        with self._lock:
+            if self._sock is None:
+                self._start_starter()
+            request = json.dumps(["start", stderr_path, dict(os.environ)]).encode()
+            socket.send_fds(self._sock, [request], [child_sock.fileno()])
+            while not self._answers:
+                if not self._answered.wait(timeout=120):
+                    raise RuntimeError("the worker starter did not answer within 120 s")
+            pid, problem = self._answers.pop(0)
+            if problem:
+                raise RuntimeError(problem)
+            self._workers[pid] = ForkedWorkerProcess(pid)
+            return self._workers[pid]
+
+    def _start_starter(self) -> None:
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        code = "import sys; from distlab.launch.starter import main; main(int(sys.argv[1]))"
+        self._environment = _read_at_import()
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", code, str(child_sock.fileno())],
+            pass_fds=(child_sock.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl+C goes to the parent only
+        )  # lives as long as its parent, or until stop()
+        self.pid = self._process.pid
+        child_sock.close()
+        self._sock, self._answers = parent_sock, []
+        threading.Thread(target=self._read_reports, args=(parent_sock,), daemon=True).start()
+
+    def _read_reports(self, sock: socket.socket) -> None:
+        """Hand each ``started`` answer to the waiting request; end each reported worker.
+        When the starter goes, its workers go too (they watch it): all count as ended."""
+        while True:
+            try:
+                data = sock.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            kind, *values = json.loads(data)
+            with self._lock:
+                if kind == "started":
+                    self._answers.append((values[0], None))
+                elif kind == "failed":
+                    self._answers.append((None, f"forking a worker failed: {values[0]}"))
+                elif kind == "ended" and values[0] in self._workers:
+                    self._workers.pop(values[0])._end(values[1])
+                self._answered.notify_all()
+        with self._lock:
+            if self._sock is sock:
+                self._sock = None
+            for handle in self._workers.values():
+                handle._end(STARTER_GONE)
+            self._workers.clear()
+            self._answers.append((None, "the worker starter exited"))
+            self._answered.notify_all()
+
+    def stop(self) -> None:
+        """Close the link: the starter exits, and the workers it forked follow it."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
+                self._sock = None
+            if self._process is not None:
+                try:
+                    self._process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait()
+                self._process = self.pid = None
+
+
+#: The exit code given to workers whose starter exited before reporting theirs.
+STARTER_GONE = -1
+
+
+# ------------------------------------------------------------ the starter's side ---
+def main(fd: int) -> None:
+    """The starter process: import torch.distributed once, then fork workers on request,
+    and report each one's end. Exits when its parent dies or closes the socket."""
+    sock = socket.socket(fileno=fd)
+    parent = os.getppid()
+    wake_read, wake_write = os.pipe()  # SIGCHLD wakes the loop up, to report ends at once
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    import cloudpickle  # noqa: F401  (what a worker unpickles jobs with)
+    import torch.distributed  # noqa: F401  (the import every forked worker shares)
+
+    from distlab.launch import worker  # noqa: F401
+
+    while True:
+        ready, _, _ = select.select([sock, wake_read], [], [], 0.5)
+        if wake_read in ready:
+            os.read(wake_read, 512)
+        _report_ended(sock)
+        if os.getppid() != parent:
+            os._exit(0)
+        if sock not in ready:
+            continue
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+        if not message:  # the parent closed the socket
+            os._exit(0)
+        _, stderr_path, environment = json.loads(message)
+        try:
+            pid = os.fork()
+        except OSError as error:
+            _send(sock, ["failed", str(error)])
+            os.close(fds[0])
+            continue
+        if pid == 0:
+            _become_worker(sock, (wake_read, wake_write), fds[0], stderr_path, environment)
+        os.close(fds[0])
+        _send(sock, ["started", pid])
+
+
+def _become_worker(starter_sock, wake_pipe, fd: int, stderr_path: str, environment) -> None:
+    """In the forked child: the starter's signal set-up undone, a session of its own, the
+    parent's environment of now, native stderr to its file, then the worker's loop,
+    watching the starter."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        starter_sock.close()
+        for end in wake_pipe:
+            os.close(end)
+        os.setsid()
+        os.environ.clear()
+        os.environ.update(environment)
+        out = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(out, 2)
+        os.close(out)
+        from distlab.launch.worker import main as worker_main
+
+        worker_main(fd, os.getppid())
+        code = 0
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+
+
+def _report_ended(sock: socket.socket) -> None:
+    """Reap every child that has ended and tell the parent its exit code."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, ["ended", pid, os.waitstatus_to_exitcode(status)])
+
+
+def _send(sock: socket.socket, message: list) -> None:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:  # the parent is gone
+        os._exit(0)
