@@ -22,6 +22,8 @@ The conversation, one JSON message per packet over a socket pair:
   :func:`distlab.launch.worker._watch_parent`).
 
 The starter never runs torch code, so it holds no state a fork could copy half-way.
+Once it has been idle for half a second it also imports ``torch._dynamo``: building a
+first optimizer loads it, about 2 s of CPU that every fresh worker would otherwise pay.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ import threading
 #: Forking is used only here; other systems start a fresh Python per worker.
 CAN_FORK = sys.platform == "linux"
 
-#: Prefixes of environment variables that torch or its native libraries may read when
-#: torch is imported: thread pools, allocators, logging, the dynamic loader, Python itself.
-#: A fork inherits the import the starter made; if one of these changed since, a worker
-#: must import torch itself. Every other variable is passed to the fork as it is now.
-READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_",
-                  "NCCL_", "GLOO_", "LD_", "PYTHON")  # fmt: skip
+#: Prefixes of environment variables read when torch is imported, or when the process
+#: starts: the native thread pools, torch's C++ and Python logging, the dynamic loader,
+#: Python itself. A fork inherits the import the starter made; if one of these changed
+#: since, a worker must import torch itself. Every other variable (the CUDA, NCCL and gloo
+#: settings read when a device or a process group is first used, and the ones torch sets
+#: for itself at run time, such as TORCHINDUCTOR_CACHE_DIR) reaches the fork as it is now.
+READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_CPP_", "TORCH_SHOW_CPP",
+                  "TORCH_LOGS", "LD_", "PYTHON")  # fmt: skip
 
 
 def _read_at_import() -> dict[str, str]:
@@ -182,10 +186,11 @@ def main(fd: int) -> None:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     import cloudpickle  # noqa: F401  (what a worker unpickles jobs with)
-    import torch.distributed  # noqa: F401  (the import every forked worker shares)
+    import torch.distributed  # the import every forked worker shares
 
     from distlab.launch import worker  # noqa: F401
 
+    preloaded = False
     while True:
         ready, _, _ = select.select([sock, wake_read], [], [], 0.5)
         if wake_read in ready:
@@ -193,6 +198,10 @@ def main(fd: int) -> None:
         _report_ended(sock)
         if os.getppid() != parent:
             os._exit(0)
+        if not ready and not preloaded:  # idle: load what a job's first optimizer loads
+            import torch._dynamo  # noqa: F401  (about 2 s, once, not in every worker)
+
+            preloaded = True
         if sock not in ready:
             continue
         message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
