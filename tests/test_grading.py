@@ -326,6 +326,12 @@ def test_the_first_cells_leading_imports_only_are_sent_early():
     assert leading_imports("x = 1\nimport torch") == leading_imports("def f(:") == ""
     test_first = _graded_cell("import torch\nassert torch", [])
     assert early_imports(nbformat.v4.new_notebook(cells=[test_first])) == ""
+    launching = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(c) for c in ("import distlab", "distlab.run(f, 2)")]
+    )
+    assert "distlab.launch.prestart()" in early_imports(launching)
+    launching.cells[1].source = "print('no launch')"
+    assert "prestart" not in early_imports(launching)
 
 
 @pytest.mark.timeout(600)

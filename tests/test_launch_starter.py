@@ -37,6 +37,14 @@ def test_warm_workers_are_forked_by_the_starter():
     assert parent._starter.pid is not None and parents == {parent._starter.pid}
 
 
+def test_prestart_starts_the_starter_that_the_first_run_uses():
+    launch.shutdown()
+    launch.prestart()
+    started = parent._starter.pid
+    assert started is not None
+    assert {ppid for ppid, _ in distlab.run(_parent_and_variable, 2)} == {started}
+
+
 def test_a_cold_run_starts_no_starter():
     launch.shutdown()
     parents = {ppid for ppid, _ in distlab.run(_parent_and_variable, 2, warm=False)}

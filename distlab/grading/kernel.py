@@ -21,7 +21,9 @@ Why this leaves every grade as it was:
   cell: a cell that sets an environment variable before ``import torch`` (notebook 11
   does, for the profiler) sends the imports above that line only;
 * nothing is sent when the first cell is a test cell; what the early imports print goes
-  nowhere, but it belongs to no test cell.
+  nowhere, but it belongs to no test cell;
+* when a cell calls ``distlab.run``, the launcher's starter is started too
+  (:data:`PRESTART`): the first run would start the same process, later.
 
 The kernel inherits the child's environment, so :func:`distlab.grading.run.run_contained`
 ends it with everything else.
@@ -63,14 +65,25 @@ class EarlyKernel:
         run_sync(self.manager.cleanup_resources)()
 
 
+#: What the early code adds when the notebook launches processes: the launcher's starter
+#: (:func:`distlab.launch.prestart`) imports torch on the other core meanwhile, so the
+#: first ``distlab.run`` does not wait for it.
+PRESTART = "import distlab.launch; distlab.launch.prestart()"
+
+
 def early_imports(nb) -> str:
     """The code sent to the kernel before the notebook runs: its first code cell's leading
-    imports, executed in a namespace of their own ("" when there is nothing to send)."""
+    imports, executed in a namespace of their own, and :data:`PRESTART` if a cell calls
+    ``distlab.run`` ("" when there is nothing to send)."""
     first = next((c for c in nb.cells if c.get("cell_type") == "code"), None)
     if first is None or is_graded(first):
         return ""
     imports = leading_imports(first.source)
-    return f"exec({imports!r}, {{'get_ipython': get_ipython}})" if imports else ""
+    if not imports:
+        return ""
+    if any("distlab.run(" in c.source for c in nb.cells if c.get("cell_type") == "code"):
+        imports += "\n" + PRESTART
+    return f"exec({imports!r}, {{'get_ipython': get_ipython}})"
 
 
 def start_kernel(nb, folder: str) -> EarlyKernel:

@@ -19,7 +19,11 @@ fit in a Jupyter cell:
 
 Workers stay warm between runs (torch already imported), so the second
 launch in a notebook costs a fraction of a second; ``warm=False`` starts
-fresh processes and ``shutdown()`` stops the pool.
+fresh processes and ``shutdown()`` stops the pool. On Linux a new worker is
+forked from a *starter*, one process that imported torch once, so a job that
+needs more workers than the pool holds, or follows a failed job, starts in
+milliseconds too (``starter``); ``prestart()`` starts that process ahead of
+the first run.
 
 Two details make it behave on a laptop. Each rank gets an equal share of the
 CPU cores for torch's intra-op threads (``torch.set_num_threads``; four
@@ -44,6 +48,7 @@ The modules, in reading order (each reads on its own):
 ``messages``  what parent and worker send each other, and when
 ``worker``    the worker process: its loop, and running one job as one rank
 ``errors``    :class:`RankError`, :class:`LaunchTimeoutError`, what each rank did
+``starter``   forking ready workers from one process that imported torch (Linux)
 ``proc``      the members of a process group, read from ``/proc``
 ``torchrun``  :func:`init`
 
@@ -63,7 +68,7 @@ from .errors import (
     RankError,
     RankOutcome,
 )
-from .parent import DEFAULT_TIMEOUT, run, shutdown, threads_per_rank, where_stuck
+from .parent import DEFAULT_TIMEOUT, prestart, run, shutdown, threads_per_rank, where_stuck
 from .torchrun import init
 from .worker import process_group_timeout
 
@@ -78,6 +83,7 @@ __all__ = [
     "RankError",
     "RankOutcome",
     "init",
+    "prestart",
     "process_group_timeout",
     "run",
     "shutdown",

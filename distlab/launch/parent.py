@@ -488,6 +488,13 @@ def _return_workers(workers: list[_Worker]) -> None:
                 worker.kill()
 
 
+def prestart() -> None:
+    """Start the worker starter now, without waiting for it (Linux; elsewhere nothing):
+    the first ``run`` then finds torch imported, if it comes a couple of seconds later.
+    The grader calls it while the notebook's kernel imports its modules."""
+    _starter.start()
+
+
 def shutdown() -> None:
     """Stop the warm worker pool and the starter (``run`` starts new ones when needed)."""
     with _pool_lock:

@@ -41,13 +41,14 @@ import threading
 CAN_FORK = sys.platform == "linux"
 
 #: Prefixes of environment variables read when torch is imported, or when the process
-#: starts: the native thread pools, torch's C++ and Python logging, the dynamic loader,
-#: Python itself. A fork inherits the import the starter made; if one of these changed
-#: since, a worker must import torch itself. Every other variable (the CUDA, NCCL and gloo
-#: settings read when a device or a process group is first used, and the ones torch sets
-#: for itself at run time, such as TORCHINDUCTOR_CACHE_DIR) reaches the fork as it is now.
-READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_CPP_", "TORCH_SHOW_CPP",
-                  "TORCH_LOGS", "LD_", "PYTHON")  # fmt: skip
+#: starts: the native thread pools, the profiler's and torch's C++ and Python logging, the
+#: loader, Python itself. A fork inherits the import the starter made; if one of these
+#: changed since, a worker must import torch itself. Every other variable (the CUDA, NCCL
+#: and gloo settings read when a device or a process group is first used, and the ones
+#: torch sets for itself at run time, such as TORCHINDUCTOR_CACHE_DIR) reaches the fork as
+#: it is now.
+READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "KINETO_", "TORCH_CPP_",
+                  "TORCH_SHOW_CPP", "TORCH_LOGS", "LD_", "PYTHON")  # fmt: skip
 
 
 def _read_at_import() -> dict[str, str]:
@@ -94,6 +95,12 @@ class Starter:
         """True if forking is possible here, and no variable read when torch is imported
         (:data:`READ_AT_IMPORT`) changed since the starter imported it."""
         return CAN_FORK and (self._sock is None or _read_at_import() == self._environment)
+
+    def start(self) -> None:
+        """Start the starter process if it is not running (it imports torch meanwhile)."""
+        with self._lock:
+            if CAN_FORK and self._sock is None:
+                self._start_starter()
 
     def start_worker(self, child_sock: socket.socket, stderr_path: str) -> ForkedWorkerProcess:
         """Fork a worker that talks over ``child_sock`` and writes its native stderr to
