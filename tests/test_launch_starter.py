@@ -112,3 +112,13 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_new_starter_right_after_shutdown_is_not_confused_with_the_old_one():
+    """The old starter's goodbye (its workers ended, its socket closed) arrives while the new
+    one forks: it must end only the old starter's workers and answer no new request."""
+    for _ in range(3):
+        launch.shutdown()
+        parents = {ppid for ppid, _ in distlab.run(_parent_and_variable, 2)}
+        assert parents == {parent._starter.pid}
+        assert all(w.process.poll() is None for w in parent._idle), "a live worker was ended"

@@ -78,69 +78,86 @@ class ForkedWorkerProcess:
         self._ended.set()
 
 
+class _Link:
+    """One starter process as the parent sees it: its socket, the answers not yet taken,
+    and the workers it forked that are still running."""
+
+    def __init__(self, sock: socket.socket, process: subprocess.Popen, environment: dict):
+        self.sock, self.process, self.environment = sock, process, environment
+        self.answers: list[tuple[int | None, str | None]] = []  # (pid, or why not)
+        self.workers: dict[int, ForkedWorkerProcess] = {}
+
+
 class Starter:
     """The parent's link to its starter process (started on first use)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
-        self._sock: socket.socket | None = None
-        self._environment: dict[str, str] = {}
-        self._workers: dict[int, ForkedWorkerProcess] = {}
-        self._answers: list[tuple[int | None, str | None]] = []  # (pid, or why not)
-        self.pid: int | None = None  # the starter process, once started
-        self._process: subprocess.Popen | None = None
+        self._link: _Link | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The running starter's process id (None before it starts and after stop())."""
+        link = self._link
+        return link.process.pid if link else None
 
     def usable(self) -> bool:
         """True if forking is possible here, and no variable read when torch is imported
         (:data:`READ_AT_IMPORT`) changed since the starter imported it."""
-        return CAN_FORK and (self._sock is None or _read_at_import() == self._environment)
+        link = self._link
+        return CAN_FORK and (link is None or _read_at_import() == link.environment)
 
     def start(self) -> None:
         """Start the starter process if it is not running (it imports torch meanwhile)."""
         with self._lock:
-            if CAN_FORK and self._sock is None:
-                self._start_starter()
+            if CAN_FORK and self._link is None:
+                self._link = self._start_starter()
 
     def start_worker(self, child_sock: socket.socket, stderr_path: str) -> ForkedWorkerProcess:
         """Fork a worker that talks over ``child_sock`` and writes its native stderr to
         ``stderr_path``; return its process handle. The first call waits for the starter's
         own import of torch."""
+        request = json.dumps(["start", stderr_path, dict(os.environ)]).encode()
         with self._lock:
-            if self._sock is None:
-                self._start_starter()
-            request = json.dumps(["start", stderr_path, dict(os.environ)]).encode()
-            socket.send_fds(self._sock, [request], [child_sock.fileno()])
-            while not self._answers:
+            if self._link is None:
+                self._link = self._start_starter()
+            link = self._link
+            try:
+                socket.send_fds(link.sock, [request], [child_sock.fileno()])
+            except OSError:  # it has just exited: one new starter, once
+                link = self._link = self._start_starter()
+                socket.send_fds(link.sock, [request], [child_sock.fileno()])
+            while not link.answers:
                 if not self._answered.wait(timeout=120):
                     raise RuntimeError("the worker starter did not answer within 120 s")
-            pid, problem = self._answers.pop(0)
+            pid, problem = link.answers.pop(0)
             if problem:
                 raise RuntimeError(problem)
-            self._workers[pid] = ForkedWorkerProcess(pid)
-            return self._workers[pid]
+            link.workers[pid] = ForkedWorkerProcess(pid)
+            return link.workers[pid]
 
-    def _start_starter(self) -> None:
+    def _start_starter(self) -> _Link:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         code = "import sys; from distlab.launch.starter import main; main(int(sys.argv[1]))"
-        self._environment = _read_at_import()
-        self._process = subprocess.Popen(
+        environment = _read_at_import()
+        process = subprocess.Popen(
             [sys.executable, "-c", code, str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),),
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl+C goes to the parent only
         )  # lives as long as its parent, or until stop()
-        self.pid = self._process.pid
         child_sock.close()
-        self._sock, self._answers = parent_sock, []
-        threading.Thread(target=self._read_reports, args=(parent_sock,), daemon=True).start()
+        link = _Link(parent_sock, process, environment)
+        threading.Thread(target=self._read_reports, args=(link,), daemon=True).start()
+        return link
 
-    def _read_reports(self, sock: socket.socket) -> None:
+    def _read_reports(self, link: _Link) -> None:
         """Hand each ``started`` answer to the waiting request; end each reported worker.
         When the starter goes, its workers go too (they watch it): all count as ended."""
         while True:
             try:
-                data = sock.recv(4096)
+                data = link.sock.recv(4096)
             except OSError:
                 data = b""
             if not data:
@@ -148,34 +165,35 @@ class Starter:
             kind, *values = json.loads(data)
             with self._lock:
                 if kind == "started":
-                    self._answers.append((values[0], None))
+                    link.answers.append((values[0], None))
                 elif kind == "failed":
-                    self._answers.append((None, f"forking a worker failed: {values[0]}"))
-                elif kind == "ended" and values[0] in self._workers:
-                    self._workers.pop(values[0])._end(values[1])
+                    link.answers.append((None, f"forking a worker failed: {values[0]}"))
+                elif kind == "ended" and values[0] in link.workers:
+                    link.workers.pop(values[0])._end(values[1])
                 self._answered.notify_all()
         with self._lock:
-            if self._sock is sock:
-                self._sock = None
-            for handle in self._workers.values():
+            if self._link is link:
+                self._link = None
+            for handle in link.workers.values():
                 handle._end(STARTER_GONE)
-            self._workers.clear()
-            self._answers.append((None, "the worker starter exited"))
+            link.workers.clear()
+            link.answers.append((None, "the worker starter exited"))
             self._answered.notify_all()
+        link.sock.close()
+        link.process.wait()
 
     def stop(self) -> None:
         """Close the link: the starter exits, and the workers it forked follow it."""
         with self._lock:
-            if self._sock is not None:
-                self._sock.shutdown(socket.SHUT_RDWR)
-                self._sock = None
-            if self._process is not None:
-                try:
-                    self._process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._process.kill()
-                    self._process.wait()
-                self._process = self.pid = None
+            link, self._link = self._link, None
+        if link is None:
+            return
+        link.sock.shutdown(socket.SHUT_RDWR)
+        try:
+            link.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            link.process.kill()
+            link.process.wait()
 
 
 #: The exit code given to workers whose starter exited before reporting theirs.
