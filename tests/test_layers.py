@@ -60,6 +60,10 @@ DEFERRED = {
     ("distlab.collectives.naive", "distlab.collectives.api"): _TORCH_RUNNER,
     ("distlab.collectives.ring", "distlab.collectives.api"): _TORCH_RUNNER,
     ("distlab.collectives.tree", "distlab.collectives.api"): _TORCH_RUNNER,
+    ("distlab.grading.kernel", "distlab.grading.execute"): (
+        "the exercise child starts the kernel first and loads nbgrader (which execute "
+        "imports) while the kernel imports torch"
+    ),
 }
 
 

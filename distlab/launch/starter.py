@@ -37,6 +37,8 @@ import subprocess
 import sys
 import threading
 
+from .worker import main as worker_main
+
 #: Forking is used only here; other systems start a fresh Python per worker.
 CAN_FORK = sys.platform == "linux"
 
@@ -213,8 +215,6 @@ def main(fd: int) -> None:
     import cloudpickle  # noqa: F401  (what a worker unpickles jobs with)
     import torch.distributed  # the import every forked worker shares
 
-    from distlab.launch import worker  # noqa: F401
-
     preloaded = False
     while True:
         ready, _, _ = select.select([sock, wake_read], [], [], 0.5)
@@ -262,8 +262,6 @@ def _become_worker(starter_sock, wake_pipe, fd: int, stderr_path: str, environme
         out = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)
         os.dup2(out, 2)
         os.close(out)
-        from distlab.launch.worker import main as worker_main
-
         worker_main(fd, os.getppid())
         code = 0
     finally:
