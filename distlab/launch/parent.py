@@ -264,13 +264,8 @@ class _Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group (it and whatever it started), then reap it."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)  # its group id is its pid
-        except ProcessLookupError:  # a fork that has not made its own group yet
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.process.pid, signal.SIGKILL)
-        except PermissionError:
-            pass
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel

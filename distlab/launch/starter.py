@@ -13,8 +13,9 @@ variable reaches a fork as the parent has it when the worker starts.
 
 The conversation, one JSON message per packet over a socket pair:
 
-* the parent sends ``["start", stderr_path, environment]`` (JSON) and passes the worker's end of its own
-  socket pair along (``SCM_RIGHTS``); the starter forks, and answers ``["started", pid]``;
+* the parent sends ``["start", stderr_path, environment]`` (JSON) and passes the worker's
+  end of its own socket pair along (``SCM_RIGHTS``); the starter forks, waits until the
+  child leads a session of its own, and answers ``["started", pid]``;
 * the starter reaps its children and reports ``["ended", pid, exit code]``, with the exit
   code as :class:`subprocess.Popen` gives it (negative: killed by that signal);
 * the starter exits when the parent dies or closes the socket; its workers then see
@@ -233,30 +234,38 @@ def main(fd: int) -> None:
         if not message:  # the parent closed the socket
             os._exit(0)
         _, stderr_path, environment = json.loads(message)
+        leads_read, leads_write = os.pipe()  # closed by the child once it leads its session
         try:
             pid = os.fork()
         except OSError as error:
             _send(sock, ["failed", str(error)])
-            os.close(fds[0])
+            for end in (fds[0], leads_read, leads_write):
+                os.close(end)
             continue
         if pid == 0:
-            _become_worker(sock, (wake_read, wake_write), fds[0], stderr_path, environment)
+            os.close(leads_read)
+            pipes = (wake_read, wake_write, leads_write)
+            _become_worker(sock, pipes, fds[0], stderr_path, environment)
         os.close(fds[0])
+        os.close(leads_write)
+        os.read(leads_read, 1)  # the parent kills a worker by its group: it must exist first
+        os.close(leads_read)
         _send(sock, ["started", pid])
 
 
-def _become_worker(starter_sock, wake_pipe, fd: int, stderr_path: str, environment) -> None:
-    """In the forked child: the starter's signal set-up undone, a session of its own, the
-    parent's environment of now, native stderr to its file, then the worker's loop,
-    watching the starter."""
+def _become_worker(starter_sock, pipes, fd: int, stderr_path: str, environment) -> None:
+    """In the forked child: the starter's signal set-up undone, a session of its own (its
+    group id is then its pid, as for a worker started by ``Popen``; closing the last of
+    ``pipes`` tells the starter so), the parent's environment of now, native stderr to its
+    file, then the worker's loop, watching the starter."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         starter_sock.close()
-        for end in wake_pipe:
-            os.close(end)
         os.setsid()
+        for end in pipes:
+            os.close(end)
         os.environ.clear()
         os.environ.update(environment)
         out = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)
