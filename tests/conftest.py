@@ -1,15 +1,29 @@
-"""Shared test setup: no test touches the learner's real files.
+"""Shared test setup.
 
-Every test (and every process it starts, which inherits the environment) gets its own
-flashcards review database in a temporary folder through ``$DISTLAB_FLASHCARDS_DB``, so
-a test that opens the default store (``flashcards list``, ``flashcards.drill()``) never
-creates or changes ``~/.local/share/distlab/flashcards.sqlite3``. A test that wants the
-default location back deletes the variable with ``monkeypatch.delenv``.
+**No test touches the learner's real files.** Every test (and every process it starts,
+which inherits the environment) gets its own flashcards review database in a temporary
+folder through ``$DISTLAB_FLASHCARDS_DB``, so a test that opens the default store
+(``flashcards list``, ``flashcards.drill()``) never creates or changes
+``~/.local/share/distlab/flashcards.sqlite3``. A test that wants the default location back
+deletes the variable with ``monkeypatch.delenv``.
+
+**Two tiers, two workers.** ``tiers`` (in this folder) prints the slowest tests and flags
+unmarked ones over the fast tier's budget. Under pytest-xdist (``-n 2 --dist loadgroup``,
+set in pyproject.toml) :func:`pytest_collection_modifyitems` keeps each module on one worker
+(its module-scoped fixtures, such as the course that nbgrader grades, then run once) except
+the modules in :data:`SPREAD`, whose tests are independent, and queues the modules with the
+most slow tests first, so that the longest ones start at once and the short ones fill the
+gaps.
 """
 
 from __future__ import annotations
 
 import pytest
+
+pytest_plugins = ["tiers"]
+
+#: Modules whose tests share no module-scoped fixture and may run on any worker.
+SPREAD = {"test_grading_mutants.py"}
 
 
 @pytest.fixture(autouse=True)
@@ -19,3 +33,18 @@ def _temporary_flashcards_store(tmp_path_factory, monkeypatch):
     store_dir = tmp_path_factory.mktemp("flashcards-store")
     monkeypatch.setenv(DB_ENV_VAR, str(store_dir / "flashcards.sqlite3"))
     return store_dir / "flashcards.sqlite3"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name
+        if module not in SPREAD and not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(module))
+    # Longest first: modules by their number of slow tests, most first (the course's
+    # nbgrader run, then the mutation suite, ...); a module's tests keep their order.
+    # xdist hands out groups in the order their first test appears.
+    slow_count: dict = {}
+    for item in items:
+        slow_count[item.path] = slow_count.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_count[item.path])

@@ -162,6 +162,7 @@ def mismatched_pipeline(rank, world_size, case):
     return None
 
 
+@pytest.mark.slow
 def test_stage_cut_for_more_stages_than_the_schedule():
     messages = distlab.run(mismatched_pipeline, 2, args=("stage cut for 4",), timeout=120)
     for rank, message in enumerate(messages):

@@ -154,6 +154,7 @@ def _damaged_copies(folder: Path, out: Path) -> dict[str, str]:
     return cases
 
 
+@pytest.mark.slow
 def test_damaged_torn_and_foreign_checkpoints_are_refused_by_name(saved, tmp_path):
     folder, _ = saved
     cases = _damaged_copies(folder, tmp_path)
@@ -229,6 +230,7 @@ def _save_and_die(rank, world_size, folder, target, when, victim):
 POINTS = ["before-write", "after-write", "while-hashing", "before-rename", "after-rename"]
 
 
+@pytest.mark.slow
 def test_a_save_killed_at_any_point_leaves_the_last_commit_loadable(saved, tmp_path):
     """In place: the folder loads as the old step or the new one, never neither, never wrong."""
     folder, states = saved

@@ -85,6 +85,7 @@ def _grid_worker(rank, world_size):
     return checked, failures
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_all_reduce_algorithms_match_builtin(world_size):
     results = distlab.run(_grid_worker, world_size, timeout=240)
@@ -204,6 +205,7 @@ def _bad_input_worker(rank, world_size, case):
     return "no error"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case,fragment",
     [

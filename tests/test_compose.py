@@ -116,6 +116,7 @@ def case(request):
     return request.param, layout, config, moe, runs, reference
 
 
+@pytest.mark.slow
 def test_losses_equal_one_process(case):
     name, layout, _, _, runs, (_, want) = case
     assert want[-1] < 0.9 * want[0], "the reference does not train: the test would prove little"
@@ -196,6 +197,7 @@ def _train_context(rank, world_size, layout, context):
     return run.losses, run.bytes_by_group[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["all_gather", "ulysses"])
 def test_context_parallel_attention_three_ways(context):
     """The cp ranks may attend by ring (the cases above), by gathering K/V (Llama 3)
@@ -217,6 +219,7 @@ def _train_recompute(rank, world_size, layout):
     return run.losses, run.peak_activation_bytes
 
 
+@pytest.mark.slow
 def test_selective_recomputation_keeps_the_losses_and_saves_activations():
     """Layout(recompute="selective"): the attention core is recomputed in backward
     (Korthikanti et al. 2022, Section 5): the same losses, fewer bytes kept for backward."""

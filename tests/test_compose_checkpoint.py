@@ -93,12 +93,14 @@ def assert_same_run(resumed, uninterrupted, *, exact: bool, what: str):
                 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_resume_in_the_same_layout_is_bit_exact(saved):
     path, uninterrupted = saved["tp2"]
     resumed = launch(TP2_PP2_DP2, STEPS - SAVE_AFTER, resume_from=path)
     assert_same_run(resumed, uninterrupted, exact=True, what="TP2 x PP2 x DP2")
 
 
+@pytest.mark.slow
 def test_resume_with_zero1_adam_and_dropout_is_bit_exact(tmp_path):
     kw = {"config": DROPOUT, "optimizer": "adam", "lr": 0.01}
     path = tmp_path / "zero1"
@@ -107,6 +109,7 @@ def test_resume_with_zero1_adam_and_dropout_is_bit_exact(tmp_path):
     assert_same_run(resumed, uninterrupted, exact=True, what=ZERO1.label())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("source", "target"), [("tp2", "tp1"), ("tp1", "tp2")])
 def test_resume_in_another_layout_continues_the_run(saved, source, target):
     path, _ = saved[source]

@@ -62,6 +62,7 @@ def traced(request):
     return request.param, layout, config, moe, runs
 
 
+@pytest.mark.slow
 def test_every_rank_sends_what_layout_comm_predicts_per_group(traced):
     name, layout, config, moe, runs = traced
     for rank, steps, _ in runs:

@@ -31,6 +31,17 @@ PARTIAL_SOLVED, PARTIAL_SCORED = {"bucket-ddp"}, "test-bucket-ddp"
 pytestmark = pytest.mark.timeout(900)
 
 
+def _code_cells(path: Path) -> list:
+    return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+SOLUTION_CELLS = [  # (assignment, notebook, code cell index): one nbval-style test per cell
+    (a, n, i)
+    for a, n in NOTEBOOKS
+    for i in range(len(_code_cells(ROOT / "solutions" / a / f"{n}.ipynb")))
+]
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory) -> Path:
     course_dir = tmp_path_factory.mktemp("course")
@@ -156,6 +167,7 @@ def test_flashcard_sections_match_notebook_headings():
 
 
 # ----------------------------------------------------------- nbgrader runs ---
+@pytest.mark.slow
 def test_course_directory_is_up_to_date(course):
     """course/ is exactly what generate_assignment makes from solutions/ today."""
     released = sorted(p.relative_to(ROOT / "course") for p in (ROOT / "course").glob("*/*.ipynb"))
@@ -169,6 +181,7 @@ def test_course_directory_is_up_to_date(course):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment,name", NOTEBOOKS)
 def test_solution_scores_full_marks(course, assignment, name):
     grade = grading.read_grade(course, "solution", assignment, name)
@@ -177,19 +190,46 @@ def test_solution_scores_full_marks(course, assignment, name):
     assert grade.points == grade.max_points > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment,name", NOTEBOOKS)
 def test_solution_runs_without_errors(course, assignment, name):
-    """What `pytest --nbval-lax solutions/` checks: no cell of a solution notebook raises."""
-    nb = nbformat.read(
-        course / "autograded" / "solution" / assignment / f"{name}.ipynb", as_version=4
-    )
-    for cell in nb.cells:
+    """No cell of a solution notebook raises, in the execution nbgrader graded."""
+    for cell in _executed_solution(course, assignment, name):
         errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
         assert not errors, (
             f"{cell.source[:80]!r} raised {errors[0].ename}: {errors[0].evalue[:300]}"
         )
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "assignment,name,index", SOLUTION_CELLS, ids=[f"{n}-Cell {i}" for _, n, i in SOLUTION_CELLS]
+)
+def test_solution_cell_runs(course, assignment, name, index):
+    """What ``pytest --nbval-lax solutions/`` checks, one test per code cell, read from the
+    execution the course fixture already made (each notebook runs once per test run, not
+    once for nbval and again for nbgrader): code cell ``index`` of the solution notebook ran
+    and raised nothing. The executed cell must be the source's cell (nbgrader ran exactly
+    the notebook in ``solutions/``)."""
+    executed = _executed_solution(course, assignment, name)
+    source = _code_cells(ROOT / "solutions" / assignment / f"{name}.ipynb")
+    assert len(executed) == len(source), f"{name}: the graded copy has other code cells"
+    cell = executed[index]
+    assert cell.source == source[index].source, f"{name} cell {index}: not the source's cell"
+    assert cell.get("execution_count"), f"{name} cell {index} never ran (the kernel stopped)"
+    errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+    assert not errors, (
+        f"{name} cell {index} ({cell.source[:80]!r}) raised {errors[0].ename}: "
+        f"{errors[0].evalue[:300]}\n" + "\n".join(errors[0].get("traceback", []))[-3000:]
+    )
+
+
+def _executed_solution(course: Path, assignment: str, name: str) -> list:
+    """The code cells of the solution notebook as nbgrader executed them."""
+    return _code_cells(course / "autograded" / "solution" / assignment / f"{name}.ipynb")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment,name", NOTEBOOKS)
 def test_untouched_notebook_runs_to_the_end_and_scores_zero(course, assignment, name):
     nb = nbformat.read(
@@ -211,6 +251,7 @@ def test_untouched_notebook_runs_to_the_end_and_scores_zero(course, assignment, 
         assert exercise.failure and "NotImplementedError" in exercise.failure, exercise.failure
 
 
+@pytest.mark.slow
 def test_partial_solution_earns_its_exercises_points(course):
     grade = grading.read_grade(course, "partial", PARTIAL_ASSIGNMENT, PARTIAL_NOTEBOOK)
     scores = {e.grade_id: (e.points, e.max_points, e.failure) for e in grade.exercises}
@@ -219,6 +260,7 @@ def test_partial_solution_earns_its_exercises_points(course):
     assert all(p == 0 for p, _, _ in scores.values()), f"unsolved exercises score: {scores}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment,name", NOTEBOOKS[:1])
 def test_edited_test_cell_is_detected(course, tmp_path, assignment, name):
     released = course / "course" / assignment / f"{name}.ipynb"

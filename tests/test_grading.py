@@ -132,6 +132,7 @@ def test_report_lists_points_failures_and_review_commands():
     assert "were edited (b)" in report
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole grade and three exercises: slow on a busy machine
 def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
     """End to end through the CLI: one exercise solved, one test cell gutted by the learner."""
@@ -170,6 +171,7 @@ def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
         assert alone[0].raised_in == whole["raised_in"]
 
 
+@pytest.mark.slow
 def test_a_new_gradebook_gets_the_schema_version_nbgrader_would_give_it(monkeypatch):
     """nbgrader_main reads the alembic head in process; nbgrader asks a new `alembic heads`."""
     import os
@@ -362,6 +364,7 @@ def test_early_imports_run_first_and_bind_nothing_in_the_notebook(tmp_path):
     assert not kernel.manager.has_kernel, "the early kernel is shut down"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_exercise_child_never_loads_the_slow_modules_grading_skips(tmp_path):
     """The child of ``distlab grade --exercise`` loads distlab.grading before nbformat, so

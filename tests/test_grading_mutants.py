@@ -56,6 +56,7 @@ def test_every_solution_cell_has_three_mutants(mutants):
         assert len(module.MUTANTS.get(solution_id, [])) >= 3, f"{solution_id}: fewer than 3"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutants", MUTANT_FILES, ids=lambda p: p.stem)
 def test_plausible_wrong_answers_lose_points(mutants, tmp_path):
     problems = []
@@ -150,6 +151,7 @@ def test_exercise_choice_names_the_choices():
         choose_tests(source, 9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which,points,code", [("solutions", "2 / 2", 0), ("course", "0 / 2", 1)])
 def test_grade_one_exercise_from_a_work_folder(tmp_path, which, points, code):
     name = "03-algorithms-and-cost"

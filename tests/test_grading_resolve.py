@@ -85,6 +85,7 @@ def _grade(work: Path, given: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_grade_a_solved_copy_by_name_from_a_work_folder(tmp_path):
     work = tmp_path / "work"
@@ -96,6 +97,7 @@ def test_grade_a_solved_copy_by_name_from_a_work_folder(tmp_path):
     assert "note:" not in done.stdout and "FAILED" not in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_grade_an_unsolved_copy_by_relative_path(tmp_path):
     work = tmp_path / "work"

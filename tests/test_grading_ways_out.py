@@ -119,6 +119,7 @@ def _assert_nothing_left(tmp_path: Path, mark: str) -> None:
     assert not (tmp_path / "rt").exists() or list((tmp_path / "rt").iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_escaped_processes_a_dead_kernel_a_timeout_and_a_deleted_test(tmp_path):
     mark = _mark()
@@ -171,6 +172,7 @@ def _start_and_wait_for_the_notebook(tmp_path: Path, mark: str) -> subprocess.Po
     return grader
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("signum", "exit_code", "said"),

@@ -40,6 +40,7 @@ def test_results_come_back_in_rank_order():
     assert results == [(10, 3.0, "gloo"), (11, 3.0, "gloo"), (12, 3.0, "gloo")]
 
 
+@pytest.mark.slow
 def test_cold_and_warm_launches_agree():
     assert distlab.run(_rank_and_sum, 2, args=(0,), warm=False) == distlab.run(
         _rank_and_sum, 2, args=(0,)
@@ -105,6 +106,7 @@ def _deadlock(rank, world_size):
     dist.recv(x, src=(rank + 1) % world_size)  # everyone receives, nobody sends
 
 
+@pytest.mark.slow
 def test_a_deadlock_becomes_a_timeout_error_and_leaves_nothing_behind():
     distlab.run(_rank_and_sum, 2, args=(0,))  # warm workers: the 4 s go to the deadlock,
     before = _children()  # not to importing torch on a busy machine
@@ -149,6 +151,7 @@ def test_a_dead_rank_is_blamed_not_the_peer_whose_collective_broke():
     assert statuses[0] in (launch.PEER_FAILED, launch.STOPPED)
 
 
+@pytest.mark.slow
 def test_cold_run_leaves_no_processes():
     before = _children()
     distlab.run(_rank_and_sum, 2, args=(0,), warm=False)
@@ -167,6 +170,7 @@ def _store_port(rank, world_size):
     return os.environ["MASTER_PORT"]
 
 
+@pytest.mark.slow
 def test_each_launch_gets_its_own_free_port():
     ports = {distlab.run(_store_port, 2)[0] for _ in range(3)}
     assert len(ports) == 3
@@ -219,6 +223,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_the_same_worker_code_runs_under_torchrun(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
@@ -285,6 +290,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool", ["cold", "warm"])
 def test_ctrl_c_stops_the_job_and_its_workers(tmp_path, pool):
     """Bounded by the work, not a fixed wall clock: starting Python, distlab and the workers
@@ -333,6 +339,7 @@ def test_an_idle_worker_survives_sigint():
     assert distlab.run(_threads, 2) == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_starting_workers_kills_the_ones_already_started(monkeypatch):
     """The window the SIGINT test can miss: Ctrl+C between two worker starts."""
     started = []
@@ -371,6 +378,7 @@ def _rank_1_raises_during_an_all_reduce(rank, world_size):
     return x.sum().item()
 
 
+@pytest.mark.slow
 def test_rank_error_says_what_each_rank_did():
     with pytest.raises(distlab.RankError) as info:
         distlab.run(_every_rank_raises, 2, timeout=60)
@@ -451,6 +459,7 @@ def _two_level_unsolved(rank, world_size):
     raise NotImplementedError()
 
 
+@pytest.mark.slow
 def test_failing_jobs_never_abort_a_worker_at_exit(capfd):
     """A failed worker used to exit with its gloo threads running and abort in C++
     teardown, now and then: "terminate called without an active exception"."""
@@ -483,6 +492,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm", [True, False])
 @pytest.mark.parametrize("fail", [False, True])
 def test_processes_a_job_starts_end_with_it(warm, fail, tmp_path):
@@ -512,6 +522,7 @@ def test_an_idle_worker_that_died_is_replaced_before_the_next_job():
     assert distlab.run(_rank_and_sum, 2, args=(0,)) == [(0, 1.0, "gloo"), (1, 1.0, "gloo")]
 
 
+@pytest.mark.slow
 def test_a_timeout_says_where_each_rank_was_stuck():
     distlab.run(_rank_and_sum, 2, args=(0,))  # warm: the 4 s go to the deadlock
     with pytest.raises(distlab.LaunchTimeoutError) as info:
@@ -583,6 +594,7 @@ os._exit(0)  # the parent vanishes without its atexit clean-up (a kernel killed 
 """
 
 
+@pytest.mark.slow
 def test_workers_whose_parent_vanished_remove_their_files(tmp_path):
     script = tmp_path / "orphaning.py"
     script.write_text(ORPHANING_SCRIPT)

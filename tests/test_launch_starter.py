@@ -31,12 +31,14 @@ def _exit_with(rank, world_size, code):
     dist.all_reduce(torch.ones(1))
 
 
+@pytest.mark.slow
 def test_warm_workers_are_forked_by_the_starter():
     launch.shutdown()
     parents = {ppid for ppid, _ in distlab.run(_parent_and_variable, 2)}
     assert parent._starter.pid is not None and parents == {parent._starter.pid}
 
 
+@pytest.mark.slow
 def test_prestart_starts_the_starter_that_the_first_run_uses():
     launch.shutdown()
     launch.prestart()
@@ -45,12 +47,14 @@ def test_prestart_starts_the_starter_that_the_first_run_uses():
     assert {ppid for ppid, _ in distlab.run(_parent_and_variable, 2)} == {started}
 
 
+@pytest.mark.slow
 def test_a_cold_run_starts_no_starter():
     launch.shutdown()
     parents = {ppid for ppid, _ in distlab.run(_parent_and_variable, 2, warm=False)}
     assert parents == {os.getpid()} and parent._starter.pid is None
 
 
+@pytest.mark.slow
 def test_a_changed_environment_reaches_the_workers(monkeypatch):
     """A variable set after the starter started reaches a fork; one that torch may read
     at import (OMP_*) gets a worker that imports torch itself, a fresh Python."""
@@ -91,6 +95,7 @@ os._exit(0)  # no atexit: the pool and the starter are not shut down
 """
 
 
+@pytest.mark.slow
 def test_the_starter_and_its_workers_end_when_the_parent_dies(tmp_path):
     """Bounded by the work: the parent is gone at once; the starter notices within 0.5 s and
     its workers within 0.5 s more. 60 s leaves room for a loaded machine."""
@@ -114,6 +119,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_new_starter_right_after_shutdown_is_not_confused_with_the_old_one():
     """The old starter's goodbye (its workers ended, its socket closed) arrives while the new
     one forks: it must end only the old starter's workers and answer no new request."""

@@ -96,6 +96,7 @@ def case(request, single_process):
     return options, runs, *single_process
 
 
+@pytest.mark.slow
 def test_losses_equal_single_process(case):
     from distlab.core.layout import Layout
 

@@ -182,6 +182,7 @@ def _assert_equal(a: dict, b: dict, what) -> None:
             assert value == b[key], (what, key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(METHODS))
 @pytest.mark.parametrize("kind", ["full", "sharded"])
 def test_resuming_continues_bit_for_bit(runs, name, kind):

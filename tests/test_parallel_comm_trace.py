@@ -232,6 +232,7 @@ def _predicted_for(zero_stage: int, chunks: int):
                              zero_stage=zero_stage, chunks=chunks)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPTIONS)
 def test_zero1_and_interleaved_steps_match_the_calculator(zero_and_interleaved, name):
     from distlab.parallel.comm_table import format_trace_table, trace_table

@@ -58,6 +58,7 @@ def _fail_in_gradient_hook(rank, world_size):
     return "finished"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "worker, rank, message",
     [

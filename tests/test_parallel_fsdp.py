@@ -372,6 +372,7 @@ def _max_difference(a: dict, b: dict) -> float:
 
 
 # ----------------------------------------------------------- fp32 parity ----
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_fp32_fsdp_is_bitwise_equal_wherever_ddp_is(results, world_size):
     """One rank: everything equals the whole-batch run. Two ranks: FSDP, DDP and the

@@ -146,6 +146,7 @@ def results():
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_every_method_matches_single_process_training(results, world_size):
     for rank_result in results(world_size):

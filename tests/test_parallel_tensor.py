@@ -218,6 +218,7 @@ def _train(rank, world_size):
     }
 
 
+@pytest.mark.slow
 def test_twenty_training_steps_on_two_ranks_match_single_process():
     expected = train_losses(lambda dense: dense)
     assert expected[-1] < expected[0] - 0.1  # it really trains
@@ -357,6 +358,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_same_code_runs_under_torchrun(tmp_path):
     import os
     import re

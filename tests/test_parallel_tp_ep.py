@@ -72,6 +72,7 @@ def reference():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_losses_equal_single_process(runs, reference):
     from distlab.core.layout import Layout
 

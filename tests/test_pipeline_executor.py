@@ -112,6 +112,7 @@ def launched(request):
     return p, distlab.run(pipeline_worker, p, args=(CASES[p],), timeout=300)
 
 
+@pytest.mark.slow
 def test_gradients_and_losses_equal_single_process(launched):
     p, results = launched
     for index, (name, m, v) in enumerate(CASES[p]):

@@ -41,6 +41,7 @@ def test_pipeline_example_prints_what_the_readme_says(capsys):
     assert printed[0] == "rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3"
 
 
+@pytest.mark.slow
 def test_train_py_runs_under_torchrun(tmp_path):
     script = next(b for b in code_blocks("python") if b.startswith("# train.py"))
     (tmp_path / "train.py").write_text(script)
@@ -73,6 +74,7 @@ def test_train_py_runs_under_torchrun(tmp_path):
 TOUR = [line for line in code_blocks("bash")[-1].splitlines() if line and not line.startswith("#")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", TOUR)
 def test_shell_tour_commands_run(command, tmp_path):
     """Each command runs; none writes to the user data folder (tests/conftest.py points the

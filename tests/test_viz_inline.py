@@ -6,6 +6,7 @@ text ``<Figure size ...>`` (seen in notebook 02 when collective_plots stopped us
 """
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 CELL = """\
@@ -17,6 +18,7 @@ fig
 """
 
 
+@pytest.mark.slow
 def test_a_viz_figure_renders_as_png_without_pyplot(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL)])
     resources = {"metadata": {"path": tmp_path}}

@@ -9,10 +9,10 @@ visible case hard-coded) proves it checks understanding. For one solution cell
 1. slices the notebook to the cells its dependent test cells need
    (:func:`distlab.grading.slicing.needed_cells`), and splits them into a
    *prefix* that does not depend on ``S`` and the cells that do;
-2. starts one kernel, runs the prefix once, then for each variant of ``S``
-   (the solution, the released stub, every mutant, and the solution again, to
-   show that no variant left the kernel in a state that changes the verdict)
-   runs ``S`` and the cells that depend on it;
+2. in the notebook's one kernel (:class:`Kernel`), runs the prefix, then for
+   each variant of ``S`` (the solution, the released stub, every mutant, and
+   the solution again, to show that no variant left the kernel in a state that
+   changes the verdict) runs ``S`` and the cells that depend on it;
 3. reports, per variant, which dependent test cells raised.
 
 A mutant is *caught* when at least one test cell that depends on it raises,
@@ -91,46 +91,66 @@ def _error(outputs) -> str | None:
     return why[:300] if why else None
 
 
+class Kernel:
+    """One Jupyter kernel that runs cells one at a time and keeps what they define.
+
+    A notebook's mutation check uses one kernel for all its solution cells: a kernel and its
+    first imports (torch, the launcher's worker starter) cost seconds of CPU, more than most
+    variants. Sharing it changes no verdict: every solution cell's prefix runs again before
+    its variants (so it sees what a fresh kernel would), each exercise ends with its
+    solution again (so the next one starts from the solved state, as in the whole-notebook
+    grade), and the solution must pass both before and after the mutants."""
+
+    def __init__(self, cwd: str, timeout: int = 120):
+        import nbformat
+        from nbclient import NotebookClient
+
+        self.nb = nbformat.v4.new_notebook()
+        self.nb.metadata = {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        }
+        self.client = NotebookClient(
+            self.nb, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
+            kernel_name="python3", resources={"metadata": {"path": cwd}},
+        )  # fmt: skip
+        self._context = None
+
+    def __enter__(self) -> Kernel:
+        self._context = self.client.setup_kernel()
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._context.__exit__(*exc)
+
+    def run(self, source: str) -> list:
+        """Run one cell; return its outputs."""
+        import nbformat
+
+        cell = nbformat.v4.new_code_cell(source)
+        self.nb.cells.append(cell)
+        self.client.execute_cell(cell, len(self.nb.cells) - 1)
+        return cell.get("outputs", [])
+
+
 def run_variants(
-    plan: MutationPlan, variants: list[tuple[str, str]], cwd: str, timeout: int = 120
+    plan: MutationPlan, variants: list[tuple[str, str]], kernel: Kernel
 ) -> list[Verdict]:
     """Run the prefix once and each ``(name, source of the solution cell)`` variant after it,
-    in one kernel; return what the dependent test cells did with each."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-    }
-    client = NotebookClient(
-        nb, timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
-        kernel_name="python3", resources={"metadata": {"path": cwd}},
-    )  # fmt: skip
+    in ``kernel``; return what the dependent test cells did with each."""
     verdicts = []
-    with client.setup_kernel():
-        for index in plan.prefix:
-            _run_cell(client, nb, plan.cells[index].source)
-        for name, source in variants:
-            failed, messages = [], []
-            for index in plan.per_variant:
-                text = source if index == plan.solution else plan.cells[index].source
-                outputs = _run_cell(client, nb, text)
-                error = _error(outputs)
-                if index in plan.tests and error:
-                    failed.append(grade_id_of(plan.cells[index]))
-                    messages.append(error)
-            verdicts.append(Verdict(name, tuple(failed), tuple(messages)))
+    for index in plan.prefix:
+        kernel.run(plan.cells[index].source)
+    for name, source in variants:
+        failed, messages = [], []
+        for index in plan.per_variant:
+            text = source if index == plan.solution else plan.cells[index].source
+            error = _error(kernel.run(text))
+            if index in plan.tests and error:
+                failed.append(grade_id_of(plan.cells[index]))
+                messages.append(error)
+        verdicts.append(Verdict(name, tuple(failed), tuple(messages)))
     return verdicts
-
-
-def _run_cell(client, nb, source: str) -> list:
-    import nbformat
-
-    cell = nbformat.v4.new_code_cell(source)
-    nb.cells.append(cell)
-    client.execute_cell(cell, len(nb.cells) - 1)
-    return cell.get("outputs", [])
 
 
 def load_module(path: str | Path):
@@ -153,25 +173,33 @@ def mutant_source(solution: str, change) -> str:
     return solution
 
 
-def check_solution_cell(source_nb, released_nb, solution_id: str, mutants, cwd: str):
+def check_solution_cell(source_nb, released_nb, solution_id: str, mutants, kernel: Kernel):
     """Verdicts for the solution, the released stub, each mutant and the solution again."""
     cells = {grade_id_of(c): c for c in released_nb.cells if grade_id_of(c)}
     the_plan = plan(source_nb, solution_id)
     solution = the_plan.cells[the_plan.solution].source
     variants = [("solution", solution), ("stub", cells[solution_id].source)]
     variants += [(what, mutant_source(solution, change)) for what, change in mutants]
-    return the_plan, run_variants(the_plan, [*variants, ("solution again", solution)], cwd)
+    return the_plan, run_variants(the_plan, [*variants, ("solution again", solution)], kernel)
 
 
 def check_notebook(root: Path, mutants_file: Path, cwd: str) -> dict[str, list[Verdict]]:
-    """Verdicts for every solution cell that ``mutants_file`` has mutants for."""
+    """Verdicts for every solution cell that ``mutants_file`` has mutants for, in notebook
+    order, all in one kernel (see :class:`Kernel`)."""
     import nbformat
 
     module = load_module(mutants_file)
     name = module.ASSIGNMENT
     source = nbformat.read(source_notebook(root, name), as_version=4)
     released = nbformat.read(released_notebook(root, name), as_version=4)
-    return {
-        solution_id: check_solution_cell(source, released, solution_id, mutants, cwd)[1]
-        for solution_id, mutants in module.MUTANTS.items()
-    }
+    order = [grade_id_of(c) for c in source.cells if grade_id_of(c) in module.MUTANTS]
+    unknown = sorted(set(module.MUTANTS) - set(order))
+    if unknown:
+        raise ValueError(f"{mutants_file}: no solution cell {unknown} in the source of {name}")
+    with Kernel(cwd) as kernel:
+        return {
+            solution_id: check_solution_cell(
+                source, released, solution_id, module.MUTANTS[solution_id], kernel
+            )[1]
+            for solution_id in order
+        }

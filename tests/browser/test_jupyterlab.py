@@ -35,7 +35,7 @@ PLAYER_CALL = "ring_all_reduce_player("
 WIDGET_TIMEOUT_MS = 60_000
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # 10-40 s a notebook
 
 
 def selected_notebooks() -> list[str]:
