@@ -128,6 +128,7 @@ def test_losses_equal_one_process(case):
             assert run.losses is None
 
 
+@pytest.mark.slow
 def test_every_rank_holds_its_slice_of_the_one_process_model(case):
     name, layout, config, moe, runs, (model, _) = case
     dense = dict(model.named_parameters())
@@ -144,6 +145,7 @@ def test_every_rank_holds_its_slice_of_the_one_process_model(case):
     assert covered == set(dense), f"{name}: no rank holds {sorted(set(dense) - covered)}"
 
 
+@pytest.mark.slow
 def test_each_parallelism_communicates_in_its_own_group(case):
     name, layout, _, moe, runs, _ = case
     used = {"tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "ep": layout.ep if moe else 1}
@@ -243,6 +245,7 @@ def _train_dropout(rank, world_size, layout, config):
     return run.coordinates, run.shards
 
 
+@pytest.mark.slow
 def test_dropout_keeps_the_tensor_parallel_ranks_one_model():
     """With dropout, the tp ranks of a replica must drop the same elements of the
     replicated activations (else their LayerNorms, biases and position embeddings

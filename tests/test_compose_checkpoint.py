@@ -122,6 +122,7 @@ def test_resume_in_another_layout_continues_the_run(saved, source, target):
     assert losses(resumed) == pytest.approx(source_losses, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_each_dense_tensor_is_stored_once(saved):
     from distlab.models import GPT
     from distlab.parallel.compose.checkpoint import read_manifest
@@ -199,6 +200,7 @@ def _bad_inputs(rank, world_size, good, scratch):
     return refused, folders, step
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_are_refused_by_name(saved, tmp_path):
     good = saved["tp2"][0]
     results = distlab.run(_bad_inputs, 8, args=(good, tmp_path), timeout=600)

@@ -72,6 +72,7 @@ def test_every_rank_sends_what_layout_comm_predicts_per_group(traced):
             assert sent == want, f"{name}, rank {rank}, step {step}: traced {sent}, calc {want}"
 
 
+@pytest.mark.slow
 def test_model_state_bytes_equal_the_calculator(traced):
     name, layout, config, moe, runs = traced
     moe_spec = MoESpec(num_experts=4, **moe) if moe else None

@@ -257,6 +257,7 @@ def _threads(rank, world_size):
     return torch.get_num_threads()
 
 
+@pytest.mark.slow
 def test_each_rank_gets_its_share_of_the_cores():
     cores = len(os.sched_getaffinity(0))
     for n in (1, 2, 4):

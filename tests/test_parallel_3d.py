@@ -114,6 +114,7 @@ def test_losses_equal_single_process(case):
             assert run.losses is None
 
 
+@pytest.mark.slow
 def test_every_rank_reports_its_step_times_and_activation_peak(case):
     """What benchmarks/three_d.py reads: one wall time per step, and the executor's peak
     of activation bytes kept for backward (every stage keeps some)."""
@@ -130,6 +131,7 @@ def _blocks_of(stage: int, chunks: int) -> set[int]:
     return {(c * PP + stage) * per + i for c in range(chunks) for i in range(per)}
 
 
+@pytest.mark.slow
 def test_every_rank_holds_its_slice_of_the_single_process_model(case):
     from distlab.parallel.compose import dense_shard
 
@@ -148,6 +150,7 @@ def test_every_rank_holds_its_slice_of_the_single_process_model(case):
     assert held == set(dense) - {"head.weight"}  # tied: the head is tok.weight
 
 
+@pytest.mark.slow
 def test_optimizer_state_bytes_match_the_memory_formula(case):
     """Measured optimizer-state bytes = K Ψ_rank (plain) or K ceil(Ψ_rank / dp) (ZeRO-1,
     one flat bucket padded to a multiple of dp), K = the recipe's optimizer bytes."""

@@ -191,6 +191,7 @@ def test_resuming_continues_bit_for_bit(runs, name, kind):
         _assert_equal(resumed[rank][(name, kind)], saved[rank][name], (name, kind, rank))
 
 
+@pytest.mark.slow
 def test_resuming_without_the_rng_state_differs(runs):
     """The check above has teeth: with dropout, the steps depend on the RNG state."""
     _, saved, resumed = runs
@@ -199,6 +200,7 @@ def test_resuming_without_the_rng_state_differs(runs):
     assert any(not torch.allclose(without[k], expected[k], atol=1e-6) for k in without)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp_fp16", "fsdp_fp16"])
 def test_a_mixed_precision_checkpoint_holds_the_fp32_masters_and_the_loss_scale(runs, name):
     """The fp16 model is the rounding of its masters; saving the fp16 weights would
@@ -216,6 +218,7 @@ def test_a_mixed_precision_checkpoint_holds_the_fp32_masters_and_the_loss_scale(
     assert saved[0][name]["loss_scaler"] != state["loss_scaler"]  # it kept changing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RESHARD))
 def test_sharded_checkpoint_from_four_ranks_loads_on_two(runs, name):
     at_four, _, resumed = runs
@@ -223,6 +226,7 @@ def test_sharded_checkpoint_from_four_ranks_loads_on_two(runs, name):
         _assert_equal(resumed[rank][("w4", name)], at_four[0][name], (name, rank))
 
 
+@pytest.mark.slow
 def test_full_checkpoint_moves_between_methods(runs):
     _, saved, resumed = runs
     for rank in range(2):

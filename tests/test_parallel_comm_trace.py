@@ -260,6 +260,7 @@ def test_zero1_and_interleaved_steps_match_the_calculator(zero_and_interleaved, 
     assert not all(r.match for r in rows if r.predicted is not None), wrong
 
 
+@pytest.mark.slow
 def test_zero1_ranks_send_what_three_d_comm_predicts_per_step(zero_and_interleaved):
     """Per rank and group, every part but the once-per-run broadcast (whose root sends
     n and leaf 0 with dp = 2, while the calculator counts the average, n/2)."""
@@ -279,6 +280,7 @@ def test_zero1_ranks_send_what_three_d_comm_predicts_per_step(zero_and_interleav
                 assert sent == per_step, (name, rank, group)
 
 
+@pytest.mark.slow
 def test_zero_flat_groups_are_the_optimizers(zero_and_interleaved):
     """:func:`zero_flat_groups` on :func:`rank_parameter_tensors` cuts the buckets where
     ZeroOptimizer does, for several buckets per rank: the tensor order is the module's."""

@@ -406,6 +406,7 @@ def _mean_difference(a: dict, b: dict) -> float:
     return float(torch.cat([(a[k] - b[k]).abs().flatten() for k in a]).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", ["torch.bfloat16", "torch.float16"])
 def test_mixed_precision_fsdp_equals_the_same_recipe_without_sharding(results, world_size, dtype):
@@ -438,6 +439,7 @@ def test_mixed_precision_fsdp_equals_the_same_recipe_without_sharding(results, w
             assert run["skipped"][0] and not all(run["skipped"])  # the test has teeth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", ["torch.bfloat16", "torch.float16"])
 def test_reducing_in_fp32_rounds_once(results, world_size, dtype):
@@ -456,6 +458,7 @@ def test_reducing_in_fp32_rounds_once(results, world_size, dtype):
             assert _mean_difference(run["params"], single["params"]) < LR / 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_fp16_overflow_skips_the_same_steps_on_every_rank(results, world_size):
     per_rank = results(world_size)
@@ -472,6 +475,7 @@ def test_fp16_overflow_skips_the_same_steps_on_every_rank(results, world_size):
     assert all(not o["stepped"] and o["unchanged"] and o["scale"] == 2.0**7 for o in overflow)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_mixed_precision_memory_and_traffic_match_the_calculator(results, world_size):
     """Per rank: the mixed_adam recipe at ZeRO stage 3, (2 + 2 + 12) Ψ / K bytes at
@@ -529,6 +533,7 @@ def _whole(per_rank, name, pieces):
     return torch.cat([pieces(r)[name][1] for r in per_rank])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_gradients_by_name_after_backward(results, world_size):
     """Every parameter name (the tied embedding once) has its gradient shard; the
@@ -550,6 +555,7 @@ def test_gradients_by_name_after_backward(results, world_size):
             assert torch.equal(rank_result["named"]["full_grads"][name], whole), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_clipping_the_full_gradients_by_hand_reaches_the_shards(results, world_size):
     """torch.nn.utils.clip_grad_norm_ on the wrapped module's .grad after gather_gradients()
@@ -569,6 +575,7 @@ def test_clipping_the_full_gradients_by_hand_reaches_the_shards(results, world_s
         assert rank_result["named"]["grads_after_forward"] == [None] * len(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
 def test_clipping_across_shards_equals_clip_grad_norm(results, world_size, norm_type):
@@ -584,6 +591,7 @@ def test_clipping_across_shards_equals_clip_grad_norm(results, world_size, norm_
         torch.testing.assert_close(whole, grad, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_bad_clipping_and_policy_arguments_name_the_value(results):
     errors = results(2)[0]["named"]["errors"]
     assert "max_norm must be a positive finite number, got -1.0" in errors[0]
@@ -598,6 +606,7 @@ def _max_gap(a: dict, b: dict) -> float:
     return _max_difference(a, b)
 
 
+@pytest.mark.slow
 def test_fp16_masters_start_from_the_weights_fsdp_was_given(results):
     """Issue 28 (1): the fp32 masters are the original fp32 weights, bit for bit (FSDP2
     keeps them as its sharded parameters). Casting first and taking the masters from the
@@ -611,6 +620,7 @@ def test_fp16_masters_start_from_the_weights_fsdp_was_given(results):
         assert _max_gap(rounded, fidelity["original"]) > FP16_ULP_AT_2 / 4  # has teeth
 
 
+@pytest.mark.slow
 def test_fp32_and_fp16_fsdp_track_a_single_process_fp32_run(results):
     """2 ranks, SGD, the first layer's weights of size 2 to 4. fp32 FSDP equals the
     single-process run (the two ranks' halves as two micro-batches) bit for bit after
@@ -630,6 +640,7 @@ def test_fp32_and_fp16_fsdp_track_a_single_process_fp32_run(results):
             assert gap < FP16_ULP_AT_2 / 4, (step, gap)
 
 
+@pytest.mark.slow
 def test_a_torch_optimizer_on_float16_shards_is_refused(results):
     """Issue 28 (3): torch.optim.SGD(fsdp.parameters()) on a model wrapped with
     param_dtype=float16 would update the float16 shards with no fp32 master (updates

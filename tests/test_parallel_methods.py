@@ -134,6 +134,9 @@ def _worker(rank, world_size):
     return out
 
 
+# Every test reads the module fixture, which trains each method on 1-4 ranks (about 50 s).
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def results():
     cache = {}
@@ -146,7 +149,6 @@ def results():
     return get
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_every_method_matches_single_process_training(results, world_size):
     for rank_result in results(world_size):

@@ -84,6 +84,7 @@ def test_losses_equal_single_process(runs, reference):
         assert run.losses == pytest.approx(want, rel=1e-5), run.rank
 
 
+@pytest.mark.slow
 def test_every_rank_holds_its_slice_of_the_single_process_model(runs, reference):
     from distlab.parallel.compose import dense_shard
     from distlab.parallel.moe_gpt import dense_expert_name
@@ -113,6 +114,7 @@ def test_every_rank_holds_its_slice_of_the_single_process_model(runs, reference)
     assert all(not torch.equal(start[n], dense[n]) for n in dense)  # every parameter trained
 
 
+@pytest.mark.slow
 def test_tokens_are_dropped_as_the_capacity_formula_says(runs, reference):
     _, _, want_dropped = reference
     capacity = expert_capacity(
@@ -132,12 +134,14 @@ def test_tokens_are_dropped_as_the_capacity_formula_says(runs, reference):
     assert total > 0, "the test should exercise token dropping"
 
 
+@pytest.mark.slow
 def test_tp_ranks_route_the_same_tokens_the_same_way(runs):
     for first, second in zip(runs[0::2], runs[1::2]):
         assert first.coordinates["dp"] == second.coordinates["dp"]
         assert first.moe_stats == second.moe_stats
 
 
+@pytest.mark.slow
 def test_all_to_all_bytes_equal_calculator(runs):
     predicted = moe_all_to_all_comm(
         tokens=TOKENS_PER_RANK,

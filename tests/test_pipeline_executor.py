@@ -139,6 +139,7 @@ def test_gradients_and_losses_equal_single_process(launched):
         assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_measured_timeline_respects_dependencies(launched):
     from distlab.parallel.pipeline import measured_timeline
 
@@ -161,6 +162,7 @@ def test_measured_timeline_respects_dependencies(launched):
         assert 0 < timeline.bubble_fraction < 1
 
 
+@pytest.mark.slow
 def test_in_flight_activations_as_the_schedule_and_papers_say(launched):
     p, results = launched
     for index, (name, m, v) in enumerate(CASES[p]):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from distlab.core.course import released_notebook, source_notebook
 from distlab.grading.cells import failure, grade_id_of, is_graded
@@ -115,7 +116,7 @@ class Kernel:
         )  # fmt: skip
         self._context = None
 
-    def __enter__(self) -> Kernel:
+    def __enter__(self) -> Self:
         self._context = self.client.setup_kernel()
         self._context.__enter__()
         return self
