@@ -1,40 +1,107 @@
 """Collective busbw: distlab's algorithms against torch.distributed's built-ins, in one run.
 
-    python benchmarks/collectives_busbw.py            # all-reduce, 2 and 4 ranks, 4 KiB .. 64 MiB
-    python benchmarks/collectives_busbw.py --all      # every collective
+    python benchmarks/collectives_busbw.py                       # all-reduce, 2 and 4 ranks
+    python benchmarks/collectives_busbw.py --algorithms builtin,ring --check both
+    python benchmarks/collectives_busbw.py --all                 # every collective
 
-Prints the nccl-tests-style tables of `distlab bench`, then the two targets of
-the foundation issue as ratios measured in this run: ring all-reduce busbw
-against the built-in at 64 MiB (target >= 0.9x), and tree against ring at
-4 KiB on 4 ranks (target: tree faster).
+Prints the nccl-tests-style tables of `distlab bench`, then, measured in this run:
+
+* every algorithm's busbw divided by the built-in's, per world size and size (the ring's
+  targets: >= 0.9x from 1 MiB up, >= 0.5x below);
+* with ``--check both``: each algorithm timed with and without the agreement header every
+  distlab collective exchanges first (``distlab.collectives.agree``), and the header's
+  cost per call (time with it minus time without it);
+* tree against ring at 4 KiB on 4 ranks (target: tree faster), when both ran.
 """
 
 import argparse
 
 from distlab.commands.bench import ALGORITHMS, print_table, run_bench
+from distlab.core.units import format_size
+
+SIZES = (4096, 1 << 16, 1 << 20, 16 << 20, 64 << 20)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--all", action="store_true", help="every collective, not only all-reduce")
+    parser.add_argument("--algorithms", default="", help="comma-separated (default: all)")
+    parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument(
+        "--check", choices=["on", "off", "both"], default="on",
+        help="the agreement header: on (as users run it), off, or both side by side",
+    )  # fmt: skip
     args = parser.parse_args()
     collectives = list(ALGORITHMS) if args.all else ["all_reduce"]
-    records = run_bench(
-        world_sizes=(2, 4), collectives=collectives,
-        sizes=(4096, 1 << 16, 1 << 20, 16 << 20, 64 << 20),
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    world_sizes = tuple(int(n) for n in args.world_sizes.split(","))
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.check]
+    named = algorithms or sorted({a for c in collectives for a in ALGORITHMS[c]})
+    records = []
+    for check in modes:
+        chosen = named if check else [a for a in named if a != "builtin"]  # it has no header
+        for record in run_bench(
+            world_sizes=world_sizes, collectives=collectives, algorithms=chosen,
+            sizes=SIZES, check=check,
+        ):  # fmt: skip
+            record["check"] = check or record["algorithm"] == "builtin"
+            records.append(record)
+    print_table([r for r in records if r["check"]])
+    if False in modes:
+        print("\nWithout the agreement header:")
+        print_table([r for r in records if not r["check"]])
+    print_ratios(records, collectives, world_sizes, modes)
+
+
+def _pick(records, collective, algorithm, n, size, check):
+    return next(
+        (
+            r
+            for r in records
+            if (r["collective"], r["algorithm"], r["world_size"], r["bytes"])
+            == (collective, algorithm, n, size)
+            and (r["check"] == check or algorithm == "builtin")
+        ),
+        None,
     )
-    print_table(records)
 
-    def pick(algorithm, n, size):
-        return next(r for r in records if r["collective"] == "all_reduce"
-                    and r["algorithm"] == algorithm and r["world_size"] == n and r["bytes"] == size)
 
-    print("\nTargets (ratios measured in this run):")
-    for n in (2, 4):
-        ratio = pick("ring", n, 64 << 20)["busbw_GBps"] / pick("builtin", n, 64 << 20)["busbw_GBps"]
-        print(f"  ring / built-in all-reduce busbw at 64 MiB, {n} ranks: {ratio:.2f}x (target >= 0.9x)")
-    tree, ring = pick("tree", 4, 4096)["time_s"], pick("ring", 4, 4096)["time_s"]
-    print(f"  tree / ring all-reduce time at 4 KiB, 4 ranks: {tree / ring:.2f}x (target < 1: tree faster)")
+def print_ratios(records, collectives, world_sizes, modes) -> None:
+    sizes = sorted({r["bytes"] for r in records})
+    head = "".join(f"{format_size(s):>10}" for s in sizes)
+    for collective in collectives:
+        names = sorted({r["algorithm"] for r in records if r["collective"] == collective})
+        print(f"\n{collective}: busbw / built-in busbw (measured in this run)")
+        print(f"{'algorithm':<24}{'ranks':>6}{'header':>8}{head}")
+        for name in [a for a in names if a != "builtin"]:
+            for n in world_sizes:
+                for check in modes:
+                    cells = []
+                    for size in sizes:
+                        mine = _pick(records, collective, name, n, size, check)
+                        base = _pick(records, collective, "builtin", n, size, True)
+                        ok = mine and base and base["busbw_GBps"]
+                        cells.append(f"{mine['busbw_GBps'] / base['busbw_GBps']:>10.2f}" if ok
+                                     else f"{'-':>10}")  # fmt: skip
+                    label = "on" if check else "off"
+                    print(f"{name:<24}{n:>6}{label:>8}{''.join(cells)}")
+        if len(modes) == 2:
+            print(f"\n{collective}: the header's cost per call, microseconds (with - without)")
+            print(f"{'algorithm':<24}{'ranks':>6}{'':>8}{head}")
+            for name in [a for a in names if a != "builtin"]:
+                for n in world_sizes:
+                    cells = []
+                    for size in sizes:
+                        on = _pick(records, collective, name, n, size, True)
+                        off = _pick(records, collective, name, n, size, False)
+                        cells.append(f"{(on['time_s'] - off['time_s']) * 1e6:>10.0f}" if on and off
+                                     else f"{'-':>10}")  # fmt: skip
+                    print(f"{name:<24}{n:>6}{'':>8}{''.join(cells)}")
+    tree = _pick(records, "all_reduce", "tree", 4, 4096, True)
+    ring = _pick(records, "all_reduce", "ring", 4, 4096, True)
+    if tree and ring:
+        ratio = tree["time_s"] / ring["time_s"]
+        print(f"\ntree / ring all-reduce time at 4 KiB, 4 ranks: {ratio:.2f}x (target < 1)")
 
 
 if __name__ == "__main__":

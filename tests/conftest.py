@@ -8,12 +8,12 @@ folder through ``$DISTLAB_FLASHCARDS_DB``, so a test that opens the default stor
 deletes the variable with ``monkeypatch.delenv``.
 
 **Two tiers, two workers.** ``tiers`` (in this folder) prints the slowest tests and flags
-unmarked ones over the fast tier's budget. Under pytest-xdist (``-n 2 --dist loadgroup``,
-set in pyproject.toml) :func:`pytest_collection_modifyitems` keeps each module on one worker
-(its module-scoped fixtures, such as the course that nbgrader grades, then run once) except
-the modules in :data:`SPREAD`, whose tests are independent, and queues the modules with the
-most slow tests first, so that the longest ones start at once and the short ones fill the
-gaps.
+unmarked ones over the fast tier's budget. Under pytest-xdist (``-n 2 --dist loadfile``, set
+in pyproject.toml) each module runs on one worker, so its module-scoped fixtures (such as
+the course that nbgrader grades) run once; :func:`pytest_collection_modifyitems` queues the
+modules with the most slow tests first, so that the longest start at once and the short
+ones fill the gaps. (``--dist loadgroup`` cannot do this here: pytest 9.2 ignores the node
+id that xdist 3.8 rewrites for a group.)
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ from __future__ import annotations
 import pytest
 
 pytest_plugins = ["tiers"]
-
-#: Modules whose tests share no module-scoped fixture and may run on any worker.
-SPREAD = {"test_grading_mutants.py"}
 
 
 @pytest.fixture(autouse=True)
@@ -35,15 +32,10 @@ def _temporary_flashcards_store(tmp_path_factory, monkeypatch):
     return store_dir / "flashcards.sqlite3"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.path.name
-        if module not in SPREAD and not any(item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(module))
-    # Longest first: modules by their number of slow tests, most first (the course's
-    # nbgrader run, then the mutation suite, ...); a module's tests keep their order.
-    # xdist hands out groups in the order their first test appears.
+    """Longest first: modules by their number of slow tests, most first (the course's
+    nbgrader run, then the mutation suite, ...); a module's tests keep their order.
+    ``--dist loadfile`` hands out modules in the order their first test appears."""
     slow_count: dict = {}
     for item in items:
         slow_count[item.path] = slow_count.get(item.path, 0) + bool(item.get_closest_marker("slow"))

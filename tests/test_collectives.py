@@ -299,3 +299,40 @@ def test_header_round_trip_and_fixed_width():
         assert len(long) == len(short) == 4 + 6 + header_width(n)
         assert unpack_header(short) == ("ring_all_reduce", 0, 1, [1, 2, 3])
     assert unpack_header([0] * len(short)) is None
+
+
+def _unchecked_worker(rank, world_size):
+    import torch
+
+    from distlab.collectives import agree, all_to_all, ring_all_reduce
+
+    def no_exchange(*args, **kwargs):
+        raise AssertionError("the header exchange ran")
+
+    agree.all_gather_headers = no_exchange  # this worker process only
+    tensor = torch.full((10,), float(rank + 1))
+    with agree.unchecked():
+        ring_all_reduce(tensor)
+        try:
+            all_to_all(
+                list(torch.zeros(world_size, 1).unbind()), list(torch.ones(world_size, 1).unbind())
+            )
+            refused = None
+        except ValueError as error:
+            refused = str(error)
+    try:
+        ring_all_reduce(torch.ones(3))
+        checked = None
+    except AssertionError as error:
+        checked = str(error)
+    return tensor.tolist(), refused, checked
+
+
+def test_unchecked_skips_the_header_exchange_and_only_there():
+    """benchmarks/collectives_busbw.py --check both times collectives without the header; the
+    switch must skip exactly the exchange (the sum stays right), refuse a collective that needs
+    the other ranks' sizes, and end with its block."""
+    for total, refused, checked in distlab.run(_unchecked_worker, 2, timeout=120):
+        assert total == [3.0] * 10
+        assert refused and "cannot run unchecked" in refused, refused
+        assert checked == "the header exchange ran", checked

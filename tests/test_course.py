@@ -28,7 +28,11 @@ REGENERATE = 'nbgrader generate_assignment "*" --create --force'
 PARTIAL_ASSIGNMENT, PARTIAL_NOTEBOOK = "04-data-parallelism", "04-data-parallelism"
 PARTIAL_SOLVED, PARTIAL_SCORED = {"bucket-ddp"}, "test-bucket-ddp"
 
-pytestmark = pytest.mark.timeout(900)
+# Bounded by the work, not the wall clock: nbgrader stops any cell that runs past its
+# Execute.timeout (nbgrader_config.py) and goes on, so the course fixture ends after a fixed
+# number of bounded cells however loaded the machine is. A fixed 900 s for the whole course
+# failed every course test on a machine at load 15-35.
+pytestmark = pytest.mark.timeout(0)
 
 
 def _code_cells(path: Path) -> list:

@@ -54,6 +54,7 @@ _TORCH_RUNNER = (
 
 #: (importing module, imported module): why the import waits until a function runs
 DEFERRED = {
+    ("distlab.commands.bench", "distlab.collectives.agree"): _TORCH_RUNNER,
     ("distlab.collectives.all_to_all", "distlab.collectives.api"): _TORCH_RUNNER,
     ("distlab.collectives.halving_doubling", "distlab.collectives.api"): _TORCH_RUNNER,
     ("distlab.collectives.hierarchical", "distlab.collectives.api"): _TORCH_RUNNER,

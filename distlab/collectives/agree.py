@@ -20,11 +20,17 @@ The exchange is a dissemination (Bruck) all-gather of the headers: in round
 ``k`` rank ``r`` sends what it knows to rank ``r - 2^k`` and receives from
 ``r + 2^k``; after ``ceil(log2 n)`` rounds everyone has every header. It costs
 ``ceil(log2 n)`` small messages per collective (Bruck et al. 1997).
+
+:func:`unchecked` skips the exchange inside a block, for one purpose only: measuring what
+the check costs (``python benchmarks/collectives_busbw.py --check both``). Inside it a
+mismatch is no longer caught: ranks that disagree hang or return wrong data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 
 import torch
@@ -170,6 +176,22 @@ def all_gather_headers(header: list[int], group: Group, device: torch.device) ->
     return [rows[(r - rank) % n] for r in range(n)]
 
 
+_CHECKING = contextvars.ContextVar("distlab_agreement_checks", default=True)
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Within the block, collectives skip the header exchange (each rank still refuses its
+    own bad input). For measuring the check's cost only: ranks that disagree then hang or
+    return wrong data. Collectives that need the other ranks' sizes (all-to-all) refuse to
+    run unchecked."""
+    token = _CHECKING.set(False)
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
+
+
 def check_agreement(
     name: str,
     group: Group,
@@ -190,11 +212,13 @@ def check_agreement(
     for such extra checks.
     """
     explain = explain or explain_tensor
-    _, n = group_info(group)
-    if n == 1:
+    rank, n = group_info(group)
+    if n == 1 or not _CHECKING.get():
         if problem:
-            raise ValueError(f"{name}: rank 0: {PROBLEMS[problem]}")
-        return [[problem, op_code, *sizes]]
+            raise ValueError(f"{name}: rank {rank}: {PROBLEMS[problem]}")
+        if n > 1 and not same_on_all_ranks:
+            raise ValueError(f"{name} needs the other ranks' sizes: it cannot run unchecked()")
+        return [[problem, op_code, *sizes]] * n
     raw = all_gather_headers(pack_header(name, problem, op_code, sizes, n), group, device)
     headers = [unpack_header(row) for row in raw]
     _check_same_collective(name, headers)

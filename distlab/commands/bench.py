@@ -123,11 +123,27 @@ def _time_op(op, repeat: int, sync) -> float:
 
 
 def _bench_worker(
-    rank, world_size, collective, algorithm, sizes, dtype_name, iters, backend, ranks_per_node
+    rank,
+    world_size,
+    collective,
+    algorithm,
+    sizes,
+    dtype_name,
+    iters,
+    backend,
+    ranks_per_node,
+    check=True,
 ):
-    """Runs on every rank: one (collective, algorithm) at every size; rank 0's records count."""
+    """Runs on every rank: one (collective, algorithm) at every size; rank 0's records count.
+
+    ``check=False`` times distlab's collectives without their agreement header
+    (:func:`distlab.collectives.agree.unchecked`), to show what the header costs."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
+
+    from distlab.collectives.agree import unchecked
 
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     dtype = getattr(torch, dtype_name)
@@ -140,7 +156,8 @@ def _bench_worker(
     records = []
     for size in sizes:
         count, op = _make_op(collective, algorithm, size, world_size, dtype, device, ranks_per_node)
-        seconds = _time_op(op, iters or _iterations(size), sync)
+        with contextlib.nullcontext() if check else unchecked():
+            seconds = _time_op(op, iters or _iterations(size), sync)
         slowest = torch.tensor([seconds], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         records.append(
@@ -208,8 +225,12 @@ def run_bench(
     backend: str = "gloo",
     ranks_per_node: int = 2,
     progress: bool = False,
+    check: bool = True,
 ) -> list[dict]:
     """Benchmark and return records (dicts with the :class:`BenchRecord` fields).
+
+    ``check=False`` runs distlab's algorithms without the agreement header that every
+    collective exchanges first (for measuring its cost; built-ins have none).
 
     ``ranks_per_node`` is the node size the hierarchical all-reduces assume (ranks
     ``0..k-1`` form node 0, ...). ``progress=True`` shows a rich progress bar on stderr,
@@ -225,7 +246,16 @@ def run_bench(
     with progress_bar("distlab bench", total=len(plan), enabled=progress) as bar:
         for n, collective, algorithm in plan:
             bar.step(f"{collective} {algorithm}, {n} ranks")
-            args = (collective, algorithm, list(sizes), dtype, iters, backend, ranks_per_node)
+            args = (
+                collective,
+                algorithm,
+                list(sizes),
+                dtype,
+                iters,
+                backend,
+                ranks_per_node,
+                check,
+            )
             results = run(_bench_worker, n, backend=backend, timeout=1800, args=args)
             records.extend(results[0])
             bar.advance()
