@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tiers"]
+pytest_plugins = ["tiers", "pytester"]  # pytester: tests/test_tiers.py runs small suites
 
 
 @pytest.fixture(autouse=True)
