@@ -4,7 +4,6 @@ flags a test outside the slow tier that took longer than the budget, and only su
 from __future__ import annotations
 
 import pytest
-
 import tiers
 
 SUITE = """
