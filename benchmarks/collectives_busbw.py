@@ -44,7 +44,7 @@ def main() -> None:
             world_sizes=world_sizes, collectives=collectives, algorithms=chosen,
             sizes=SIZES, check=check,
         ):  # fmt: skip
-            record["check"] = check or record["algorithm"] == "builtin"
+            record["check"] = check
             records.append(record)
     print_table([r for r in records if r["check"]])
     if False in modes:
@@ -58,9 +58,8 @@ def _pick(records, collective, algorithm, n, size, check):
         (
             r
             for r in records
-            if (r["collective"], r["algorithm"], r["world_size"], r["bytes"])
-            == (collective, algorithm, n, size)
-            and (r["check"] == check or algorithm == "builtin")
+            if (r["collective"], r["algorithm"], r["world_size"], r["bytes"], r["check"])
+            == (collective, algorithm, n, size, check)
         ),
         None,
     )

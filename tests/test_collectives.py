@@ -309,22 +309,26 @@ def _unchecked_worker(rank, world_size):
     def no_exchange(*args, **kwargs):
         raise AssertionError("the header exchange ran")
 
-    agree.all_gather_headers = no_exchange  # this worker process only
-    tensor = torch.full((10,), float(rank + 1))
-    with agree.unchecked():
-        ring_all_reduce(tensor)
+    exchange, agree.all_gather_headers = agree.all_gather_headers, no_exchange
+    try:  # a warm worker runs later jobs: give the exchange back however this one ends
+        tensor = torch.full((10,), float(rank + 1))
+        with agree.unchecked():
+            ring_all_reduce(tensor)
+            try:
+                all_to_all(
+                    list(torch.zeros(world_size, 1).unbind()),
+                    list(torch.ones(world_size, 1).unbind()),
+                )
+                refused = None
+            except ValueError as error:
+                refused = str(error)
         try:
-            all_to_all(
-                list(torch.zeros(world_size, 1).unbind()), list(torch.ones(world_size, 1).unbind())
-            )
-            refused = None
-        except ValueError as error:
-            refused = str(error)
-    try:
-        ring_all_reduce(torch.ones(3))
-        checked = None
-    except AssertionError as error:
-        checked = str(error)
+            ring_all_reduce(torch.ones(3))
+            checked = None
+        except AssertionError as error:
+            checked = str(error)
+    finally:
+        agree.all_gather_headers = exchange
     return tensor.tolist(), refused, checked
 
 

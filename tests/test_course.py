@@ -9,6 +9,7 @@ students submit, "solution" (the source notebooks, solutions filled in) and
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -35,6 +36,7 @@ PARTIAL_SOLVED, PARTIAL_SCORED = {"bucket-ddp"}, "test-bucket-ddp"
 pytestmark = pytest.mark.timeout(0)
 
 
+@functools.cache  # 405 per-cell tests read the same 28 notebooks: once each, not 810 times
 def _code_cells(path: Path) -> list:
     return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
 
