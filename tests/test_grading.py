@@ -391,3 +391,30 @@ def test_the_exercise_child_never_loads_the_slow_modules_grading_skips(tmp_path)
     )  # fmt: skip
     assert json.loads(done_probe.stdout.splitlines()[-1]) == []
     assert json.loads(points.read_text()) == {"t": 2.0}
+
+
+TRANSPORT = "from ipykernel.kernelapp import IPKernelApp\nprint(IPKernelApp.instance().transport)"
+
+
+@pytest.mark.timeout(600)
+def test_the_graders_kernels_listen_on_sockets_of_their_own(tmp_path, monkeypatch):
+    """The Execute step's kernel and the mutation check's kernel use Unix sockets in the
+    runtime folder, not TCP ports another process can take between the port's choice and
+    the kernel's bind (CI lost a mutation check to "Address already in use"); the socket
+    files go with the kernel."""
+    from distlab.grading import execute
+    from distlab.grading.mutants import Kernel
+
+    runtime = tmp_path / "runtime"
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    run = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(TRANSPORT)])
+    run.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    given, done = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(run, given)
+    execute.main([str(given), str(done), "--timeout", "300"])
+    executed = nbformat.read(done, as_version=4)
+    assert [o.get("text") for o in executed.cells[0].outputs] == ["ipc\n"]
+    with Kernel(str(tmp_path)) as kernel:
+        assert [o.get("text") for o in kernel.run(TRANSPORT)] == ["ipc\n"]
+        assert any(p.name.endswith("-ipc-1") for p in runtime.iterdir()), list(runtime.iterdir())
+    assert not [p for p in runtime.iterdir() if "-ipc-" in p.name], list(runtime.iterdir())

@@ -9,6 +9,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from distlab.grading.kernel import use_private_sockets
+
 CELL = """\
 import sys
 from distlab.viz import collective_plots
@@ -22,7 +24,10 @@ fig
 def test_a_viz_figure_renders_as_png_without_pyplot(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL)])
     resources = {"metadata": {"path": tmp_path}}
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources=resources).execute()
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", resources=resources)
+    client.km = client.create_kernel_manager()
+    use_private_sockets(client.km)  # no TCP port another test's process could take first
+    client.execute()
     outputs = nb.cells[0].outputs
     assert any("image/png" in out.get("data", {}) for out in outputs), outputs
 

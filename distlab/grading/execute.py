@@ -60,6 +60,15 @@ class GuardedExecute(Execute):
         config=True
     )
 
+    def create_kernel_manager(self):
+        """nbclient's kernel manager, on sockets of its own
+        (:func:`distlab.grading.kernel.use_private_sockets`)."""
+        from distlab.grading.kernel import use_private_sockets
+
+        km = super().create_kernel_manager()
+        use_private_sockets(km)
+        return km
+
     @default("shutdown_kernel")
     def _end_kernel_at_once(self) -> str:
         # nbclient's "graceful" waits about a second for the kernel's atexit hooks once

@@ -28,6 +28,9 @@ Why this leaves every grade as it was:
 The kernel inherits the child's environment, so :func:`distlab.grading.run.run_contained`
 ends it with everything else.
 
+Every kernel the grader starts (here, in the Execute step and in the mutation check) talks
+to its client over Unix sockets of its own (:func:`use_private_sockets`), not TCP ports.
+
 The child itself is ``python -m distlab.grading.kernel IN OUT --scores FILE [--timeout S]``
 (:func:`main`). Running it as a module of :mod:`distlab.grading` matters: the package loads
 first and keeps the slow modules no grading process uses out of this one
@@ -86,6 +89,30 @@ def early_imports(nb) -> str:
     return f"exec({imports!r}, {{'get_ipython': get_ipython}})"
 
 
+def use_private_sockets(km) -> None:
+    """Make the kernel manager ``km`` (not started yet) give its kernel Unix sockets named
+    after a fresh id in Jupyter's runtime folder instead of TCP ports (not on Windows).
+
+    Why: a TCP kernel is told five port numbers that jupyter_client found free a moment
+    earlier, and binds them only once it has started. Any process that takes one of them in
+    between (gloo opens a TCP connection per pair of ranks, each from a fresh ephemeral
+    port) makes the kernel die with "Address already in use" before it answers: CI lost a
+    mutation check to it once, with the two test workers busy side by side. A socket file
+    in a folder of the grader's own cannot be taken, and jupyter_client removes the files
+    with the kernel (``cleanup_resources``). The name is short: a Unix socket's path may
+    not exceed about 100 bytes."""
+    import uuid
+
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    if os.name == "nt":
+        return
+    folder = jupyter_runtime_dir()
+    os.makedirs(folder, exist_ok=True)
+    km.transport = "ipc"
+    km.ip = os.path.join(folder, f"kernel-{uuid.uuid4().hex[:12]}-ipc")
+
+
 def start_kernel(nb, folder: str) -> EarlyKernel:
     """Start ``nb``'s kernel in ``folder`` as nbclient starts it, send it
     :func:`early_imports` (without waiting for them), and return it."""
@@ -94,6 +121,7 @@ def start_kernel(nb, folder: str) -> EarlyKernel:
 
     starter = NotebookClient(nb, resources={"metadata": {"path": folder}})
     starter.km = starter.create_kernel_manager()
+    use_private_sockets(starter.km)
     starter.start_new_kernel()
     # A session of its own: the kernel routes replies by the session id, and the Execute
     # step's client, made by the same manager, would otherwise share this one's.

@@ -117,6 +117,10 @@ class Kernel:
         self._context = None
 
     def __enter__(self) -> Self:
+        from distlab.grading.kernel import use_private_sockets
+
+        self.client.km = self.client.create_kernel_manager()
+        use_private_sockets(self.client.km)
         self._context = self.client.setup_kernel()
         self._context.__enter__()
         return self
