@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -405,7 +408,7 @@ def test_the_graders_kernels_listen_on_sockets_of_their_own(tmp_path, monkeypatc
     from distlab.grading import execute
     from distlab.grading.mutants import Kernel
 
-    runtime = tmp_path / "runtime"
+    runtime = Path(tempfile.mkdtemp(prefix="rt-"))  # short: a socket's path has ~100 bytes
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
     run = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(TRANSPORT)])
     run.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
@@ -418,3 +421,25 @@ def test_the_graders_kernels_listen_on_sockets_of_their_own(tmp_path, monkeypatc
         assert [o.get("text") for o in kernel.run(TRANSPORT)] == ["ipc\n"]
         assert any(p.name.endswith("-ipc-1") for p in runtime.iterdir()), list(runtime.iterdir())
     assert not [p for p in runtime.iterdir() if "-ipc-" in p.name], list(runtime.iterdir())
+    shutil.rmtree(runtime)
+
+
+def test_a_runtime_folder_too_long_for_a_socket_falls_back_to_the_temporary_one(
+    tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from distlab.grading.kernel import MAX_SOCKET_PATH, use_private_sockets
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(deep))
+    short = tmp_path / "t"
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+    km = SimpleNamespace(transport="tcp", ip="127.0.0.1")
+    use_private_sockets(km)
+    assert km.transport == "ipc" and Path(km.ip).parent == short
+    assert len(km.ip) + 3 <= MAX_SOCKET_PATH and not deep.exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    km = SimpleNamespace(transport="tcp", ip="127.0.0.1")
+    use_private_sockets(km)
+    assert (km.transport, km.ip) == ("tcp", "127.0.0.1"), "no short folder: TCP as before"

@@ -89,6 +89,10 @@ def early_imports(nb) -> str:
     return f"exec({imports!r}, {{'get_ipython': get_ipython}})"
 
 
+#: The longest Unix socket path used: ``sun_path`` holds 108 bytes on Linux, 104 on macOS.
+MAX_SOCKET_PATH = 100
+
+
 def use_private_sockets(km) -> None:
     """Make the kernel manager ``km`` (not started yet) give its kernel Unix sockets named
     after a fresh id in Jupyter's runtime folder instead of TCP ports (not on Windows).
@@ -99,18 +103,24 @@ def use_private_sockets(km) -> None:
     port) makes the kernel die with "Address already in use" before it answers: CI lost a
     mutation check to it once, with the two test workers busy side by side. A socket file
     in a folder of the grader's own cannot be taken, and jupyter_client removes the files
-    with the kernel (``cleanup_resources``). The name is short: a Unix socket's path may
-    not exceed about 100 bytes."""
+    with the kernel (``cleanup_resources``). A Unix socket's path may not exceed about 100
+    bytes (:data:`MAX_SOCKET_PATH`): where the runtime folder's path is too long, the
+    system's temporary folder is used, and where that is too, TCP."""
+    import tempfile
     import uuid
 
     from jupyter_core.paths import jupyter_runtime_dir
 
     if os.name == "nt":
         return
-    folder = jupyter_runtime_dir()
-    os.makedirs(folder, exist_ok=True)
-    km.transport = "ipc"
-    km.ip = os.path.join(folder, f"kernel-{uuid.uuid4().hex[:12]}-ipc")
+    name = f"kernel-{uuid.uuid4().hex[:12]}-ipc"
+    for folder in (jupyter_runtime_dir(), tempfile.gettempdir()):
+        prefix = os.path.join(folder, name)
+        if len(os.fsencode(prefix)) + len("-99") <= MAX_SOCKET_PATH:
+            os.makedirs(folder, exist_ok=True)
+            km.transport = "ipc"
+            km.ip = prefix
+            return
 
 
 def start_kernel(nb, folder: str) -> EarlyKernel:
