@@ -429,7 +429,7 @@ def test_a_runtime_folder_too_long_for_a_socket_falls_back_to_the_temporary_one(
 ):
     from types import SimpleNamespace
 
-    from distlab.grading.kernel import MAX_SOCKET_PATH, use_private_sockets
+    from distlab.grading.sockets import MAX_SOCKET_PATH, use_private_sockets
 
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(deep))

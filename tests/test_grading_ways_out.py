@@ -192,6 +192,60 @@ def test_an_interrupted_grade_ends_everything_it_started(tmp_path, signum, exit_
     _assert_nothing_left(tmp_path, mark)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a guard for a grader that never reaches the cell; see the bound below
+@pytest.mark.parametrize("whom", ["process", "group"])
+def test_a_killed_grader_leaves_nothing_running(tmp_path, whom):
+    """Issue 40: SIGKILL runs no clean-up code, and nbgrader's child, in a session of its
+    own, went on grading as an orphan for half an hour. The watchdog ends it, the kernel,
+    the escaped processes and the temporary folder."""
+    mark = _mark()
+    started = time.monotonic()
+    grader = _start_and_wait_for_the_notebook(tmp_path, mark)
+    spent = time.monotonic() - started
+    if whom == "group":
+        os.killpg(grader.pid, signal.SIGKILL)  # kill -9 of the terminal's whole job
+    else:
+        os.kill(grader.pid, signal.SIGKILL)  # the out-of-memory killer: the grader alone
+    grader.communicate()
+    assert grader.returncode == -signal.SIGKILL
+    # The watchdog acts within milliseconds; twice the grader's start (at least 60 s) is
+    # headroom for a loaded machine, as above.
+    deadline = time.monotonic() + max(60, 2 * spent)
+    while _alive_with(mark) or _alive_in(tmp_path / "tmp") or list((tmp_path / "tmp").iterdir()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    _assert_nothing_left(tmp_path, mark)
+
+
+def test_the_next_grade_cleans_up_after_a_grader_whose_watchdog_died_too(tmp_path, monkeypatch):
+    """A grader and its watchdog both killed (``kill -9 -1``): the next grade's
+    :func:`clean_abandoned_runs` ends the dead run's tagged processes and removes its
+    folder, and leaves a live grader's folder alone."""
+    import tempfile
+
+    from distlab.grading.run import OWNER_FILE, SCRATCH_PREFIX, TOKEN_VAR, clean_abandoned_runs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid names no process now
+    token, mark = uuid.uuid4().hex, _mark()
+    left = subprocess.Popen(
+        ["sleep", mark], env={**os.environ, TOKEN_VAR: token}, start_new_session=True
+    )
+    abandoned = tmp_path / (SCRATCH_PREFIX + "dead")
+    abandoned.mkdir()
+    (abandoned / OWNER_FILE).write_text(f"{dead.pid} 1 {token}")
+    live = tmp_path / (SCRATCH_PREFIX + "live")
+    live.mkdir()
+    started = (Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split())[19]
+    (live / OWNER_FILE).write_text(f"{os.getpid()} {started} {uuid.uuid4().hex}")
+    assert clean_abandoned_runs() == [str(abandoned)]
+    left.wait(timeout=60)
+    assert _alive_with(mark) == [] and not abandoned.exists() and live.exists()
+
+
 def test_a_signal_during_the_clean_up_waits_until_it_is_done():
     from distlab.grading.run import Interrupted, signals_held, signals_raise
 

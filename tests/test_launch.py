@@ -477,10 +477,11 @@ def test_failing_jobs_never_abort_a_worker_at_exit(capfd):
 
 
 # ---------------------------------------------- every process ends (issue 30) ---
-def _starts_a_sleeper(rank, world_size, fail, folder=None):
+def _starts_a_sleeper(rank, world_size, fail, folder=None, session=False):
     import subprocess
 
-    process = subprocess.Popen(["sleep", "300"])  # forgotten: never waited for
+    # forgotten: never waited for; with ``session``, out of the worker's process group too
+    process = subprocess.Popen(["sleep", "300"], start_new_session=session)
     if folder:
         with open(f"{folder}/{rank}.pid", "w") as f:
             f.write(str(process.pid))
@@ -511,6 +512,17 @@ def test_processes_a_job_starts_end_with_it(warm, fail, tmp_path):
     while any(_alive(pid) for pid in sleepers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in sleepers), "a process the job started outlived it"
+
+
+def test_a_process_a_job_started_in_a_session_of_its_own_ends_with_the_job():
+    """Issue 40: a worker's child started with start_new_session=True left the worker's
+    process group and survived its job and ``distlab.shutdown()``; the worker's tag in its
+    environment finds it."""
+    sleepers = distlab.run(_starts_a_sleeper, 2, args=(False, None, True))
+    deadline = time.monotonic() + 30  # headroom for a loaded machine: it ends in milliseconds
+    while any(_alive(pid) for pid in sleepers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in sleepers), "a process in its own session outlived it"
 
 
 def test_a_job_that_left_processes_retires_its_worker_not_the_next_job():

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from distlab.grading.kernel import use_private_sockets
+from distlab.grading.sockets import use_private_sockets
 
 CELL = """\
 import sys

@@ -36,6 +36,7 @@ from traitlets import Integer, default
 
 from distlab.core.course import CONFIG_FILE, find_course_root
 from distlab.grading.cells import grade_id_of, is_graded
+from distlab.grading.sockets import use_private_sockets
 
 DEFAULT_TIMEOUT = 120  # seconds a cell may run when the course config does not say
 
@@ -62,9 +63,7 @@ class GuardedExecute(Execute):
 
     def create_kernel_manager(self):
         """nbclient's kernel manager, on sockets of its own
-        (:func:`distlab.grading.kernel.use_private_sockets`)."""
-        from distlab.grading.kernel import use_private_sockets
-
+        (:func:`distlab.grading.sockets.use_private_sockets`)."""
         km = super().create_kernel_manager()
         use_private_sockets(km)
         return km

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from distlab.core.course import find_course_root, source_notebook
@@ -35,7 +34,7 @@ from distlab.grading.cells import (
 )
 from distlab.grading.report import ExerciseScore, NotebookGrade, modified_time
 from distlab.grading.resolve import resolve_notebook
-from distlab.grading.run import nbgrader_env, run_contained
+from distlab.grading.run import nbgrader_env, owned_folder, run_contained
 from distlab.grading.slicing import needed_cells
 
 #: The child that runs the cut-down notebook, ``python -m CHILD IN OUT --scores FILE
@@ -147,7 +146,7 @@ def _execute(run, folder: Path, timeout: int | None) -> tuple[dict, dict[str, fl
     and its points."""
     import nbformat
 
-    with tempfile.TemporaryDirectory(prefix="distlab-exercise-") as tmp:
+    with owned_folder("distlab-exercise-") as tmp:
         given, done = Path(tmp) / "exercise.ipynb", Path(tmp) / "executed.ipynb"
         points = Path(tmp) / "scores.json"
         nbformat.write(run, given)

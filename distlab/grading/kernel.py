@@ -29,7 +29,7 @@ The kernel inherits the child's environment, so :func:`distlab.grading.run.run_c
 ends it with everything else.
 
 Every kernel the grader starts (here, in the Execute step and in the mutation check) talks
-to its client over Unix sockets of its own (:func:`use_private_sockets`), not TCP ports.
+to its client over Unix sockets of its own (:mod:`distlab.grading.sockets`), not TCP ports.
 
 The child itself is ``python -m distlab.grading.kernel IN OUT --scores FILE [--timeout S]``
 (:func:`main`). Running it as a module of :mod:`distlab.grading` matters: the package loads
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from distlab.grading.cells import is_graded
 from distlab.grading.slicing import leading_imports
+from distlab.grading.sockets import use_private_sockets
 
 
 @dataclass
@@ -87,40 +88,6 @@ def early_imports(nb) -> str:
     if any("distlab.run(" in c.source for c in nb.cells if c.get("cell_type") == "code"):
         imports += "\n" + PRESTART
     return f"exec({imports!r}, {{'get_ipython': get_ipython}})"
-
-
-#: The longest Unix socket path used: ``sun_path`` holds 108 bytes on Linux, 104 on macOS.
-MAX_SOCKET_PATH = 100
-
-
-def use_private_sockets(km) -> None:
-    """Make the kernel manager ``km`` (not started yet) give its kernel Unix sockets named
-    after a fresh id in Jupyter's runtime folder instead of TCP ports (not on Windows).
-
-    Why: a TCP kernel is told five port numbers that jupyter_client found free a moment
-    earlier, and binds them only once it has started. Any process that takes one of them in
-    between (gloo opens a TCP connection per pair of ranks, each from a fresh ephemeral
-    port) makes the kernel die with "Address already in use" before it answers: CI lost a
-    mutation check to it once, with the two test workers busy side by side. A socket file
-    in a folder of the grader's own cannot be taken, and jupyter_client removes the files
-    with the kernel (``cleanup_resources``). A Unix socket's path may not exceed about 100
-    bytes (:data:`MAX_SOCKET_PATH`): where the runtime folder's path is too long, the
-    system's temporary folder is used, and where that is too, TCP."""
-    import tempfile
-    import uuid
-
-    from jupyter_core.paths import jupyter_runtime_dir
-
-    if os.name == "nt":
-        return
-    name = f"kernel-{uuid.uuid4().hex[:12]}-ipc"
-    for folder in (jupyter_runtime_dir(), tempfile.gettempdir()):
-        prefix = os.path.join(folder, name)
-        if len(os.fsencode(prefix)) + len("-99") <= MAX_SOCKET_PATH:
-            os.makedirs(folder, exist_ok=True)
-            km.transport = "ipc"
-            km.ip = prefix
-            return
 
 
 def start_kernel(nb, folder: str) -> EarlyKernel:

@@ -34,6 +34,7 @@ from typing import Self
 from distlab.core.course import released_notebook, source_notebook
 from distlab.grading.cells import failure, grade_id_of, is_graded
 from distlab.grading.slicing import cell_names, needed_cells
+from distlab.grading.sockets import use_private_sockets
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,6 @@ class Kernel:
         self._context = None
 
     def __enter__(self) -> Self:
-        from distlab.grading.kernel import use_private_sockets
-
         self.client.km = self.client.create_kernel_manager()
         use_private_sockets(self.client.km)
         self._context = self.client.setup_kernel()

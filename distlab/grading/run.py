@@ -12,7 +12,13 @@ Jupyter kernel always is). :func:`run_contained` therefore
   inside a temporary folder;
 * on every way out (it finished, failed, or the caller was interrupted) stops and then
   kills the command's process group, its process tree and every process that carries the
-  token, in whatever session, and only then removes the temporary folder.
+  token, in whatever session, and only then removes the temporary folder;
+* and where the caller gets no way out at all (``kill -9``, the out-of-memory killer, a
+  test run ended by an outer timeout), a watchdog started with the command
+  (:func:`distlab.core.processes.start_watchdog`) ends every process with the token and
+  removes the folder within a fraction of a second of the caller's death. Should the
+  watchdog have died too, the next grade does it (:func:`clean_abandoned_runs`): each
+  temporary folder names its owner's process and token.
 
 :func:`run_nbgrader` runs ``nbgrader ARGS`` that way, with :func:`nbgrader_env`, through
 :mod:`distlab.grading.nbgrader_main` (several commands in one process, fixed costs cut).
@@ -28,14 +34,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
+
+from distlab.core.processes import descendants, end, start_watchdog, tagged
 
 TOKEN_VAR = "DISTLAB_GRADE_RUN"
 NBGRADER_MODULE = "distlab.grading.nbgrader_main"  # run as ``python -m NBGRADER_MODULE ARGS``
@@ -118,10 +126,12 @@ def run_contained(
     command: list[str], cwd: str | os.PathLike, env: dict[str, str]
 ) -> tuple[int, str]:
     """Run ``command``; return its exit code and output. Every process it started has
-    ended, and its temporary folder is gone, when this returns or raises."""
+    ended, and its temporary folder is gone, when this returns or raises, and within a
+    second of this process's death if it dies first."""
+    clean_abandoned_runs()
     token = uuid.uuid4().hex
     with (
-        tempfile.TemporaryDirectory(prefix="distlab-nbgrader-") as scratch,
+        owned_folder(SCRATCH_PREFIX, token) as scratch,
         tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log,
     ):
         for sub in ("tmp", "runtime"):
@@ -132,17 +142,84 @@ def run_contained(
             "TMPDIR": str(Path(scratch) / "tmp"),
             "JUPYTER_RUNTIME_DIR": str(Path(scratch) / "runtime"),
         }
-        process = subprocess.Popen(
-            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        with signals_held():  # no Ctrl+C between starting the watchdog and the try
+            watchdog = start_watchdog(TOKEN_VAR, token, list(_owned))
         try:
-            code = process.wait()
+            process = subprocess.Popen(
+                command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            try:
+                code = process.wait()
+            finally:
+                with signals_held():  # a Ctrl+C now waits until every process has ended
+                    end_everything(process, token)
         finally:
-            with signals_held():  # a Ctrl+C now waits until every process has ended
-                end_everything(process, token)
+            watchdog.release()
         log.seek(0)
         return code, log.read()
+
+
+#: The temporary folders a grader makes: a grade's copy of the course, an exercise's run
+#: folder, and one contained run's scratch (``TMPDIR``, Jupyter's runtime folder).
+FOLDER_PREFIXES = ("distlab-grade-", "distlab-exercise-", "distlab-nbgrader-")
+SCRATCH_PREFIX = "distlab-nbgrader-"
+OWNER_FILE = "owner"  # in each of them: "PID START-TIME TOKEN" of the grader that made it
+_owned: list[str] = []  # the folders this process holds now: its watchdogs remove them
+
+
+@contextlib.contextmanager
+def owned_folder(prefix: str, token: str = "-"):
+    """A temporary folder (``prefix`` one of :data:`FOLDER_PREFIXES`) that names its owner:
+    removed on the way out, by the watchdog of a contained run if this process dies within
+    one, else by the next grade (:func:`clean_abandoned_runs`)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        (Path(folder) / OWNER_FILE).write_text(f"{os.getpid()} {_started_at(os.getpid())} {token}")
+        _owned.append(folder)
+        try:
+            yield folder
+        finally:
+            _owned.remove(folder)
+
+
+def _started_at(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot ("-" where ``/proc`` has no
+    answer): with the pid, it tells a live owner from a new process given the same pid."""
+    try:
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "-"
+
+
+def clean_abandoned_runs() -> list[str]:
+    """End the processes and remove the temporary folders of every earlier grade whose
+    grader died without cleaning up, and whose watchdog did not either; return the folders
+    removed. A folder is abandoned when the process its owner file names is gone (or is
+    another process with the same pid); folders of live graders are left alone."""
+    removed = []
+    for prefix in FOLDER_PREFIXES:
+        for folder in Path(tempfile.gettempdir()).glob(prefix + "*"):
+            try:
+                pid, started, token = (folder / OWNER_FILE).read_text().split()
+            except (OSError, ValueError):
+                continue  # being written, or made by a release without owner files
+            if _is_alive(int(pid)) and _started_at(int(pid)) == started:
+                continue
+            if token != "-":
+                end(lambda token=token: tagged(TOKEN_VAR, token))
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(folder))
+    return removed
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def nbgrader_env() -> dict[str, str]:
@@ -184,91 +261,10 @@ def run_nbgrader(course_dir: str | os.PathLike, *args: str) -> str:
 
 def end_everything(process: subprocess.Popen, token: str) -> None:
     """Stop, then kill, ``process``'s group, its tree and every process tagged with ``token``."""
-    alive = descendants(process.pid) | tagged(token)
+    first = descendants(process.pid)
     if process.poll() is None:
-        alive.add(process.pid)
-    for _ in range(100):  # a process may fork while we look: look again until none is left
-        alive -= {os.getpid()}
-        if not alive:
-            break
-        for pid in alive:
-            _signal(pid, signal.SIGSTOP)  # frozen processes cannot start new ones
-        for pid in alive:
-            _kill_group_and_process(pid)
-        time.sleep(0.02)
-        alive = tagged(token)
+        first.add(process.pid)
+    end(lambda: tagged(TOKEN_VAR, token), first)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)  # its group: what left both tree and tag
     process.wait()
-
-
-def _signal(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signum)
-
-
-def _kill_group_and_process(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        group = os.getpgid(pid)
-        if group != os.getpgrp():  # never the caller's own group
-            os.killpg(group, signal.SIGKILL)
-    _signal(pid, signal.SIGKILL)
-
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every live process (Linux /proc; psutil elsewhere, if installed)."""
-    if PROC.is_dir():
-        parents = {}
-        for entry in PROC.iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    if fields[0] != "Z":  # a zombie has already ended
-                        parents[int(entry.name)] = int(fields[1])
-        return parents
-    try:
-        import psutil
-    except ImportError:
-        return {}
-    return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` in the process tree."""
-    children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
-        children.setdefault(parent, []).append(child)
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def tagged(token: str) -> set[int]:
-    """Every live process (of this user) whose environment carries ``token``."""
-    mark = f"{TOKEN_VAR}={token}".encode()
-    found = set()
-    for pid in _parents():
-        with contextlib.suppress(OSError):
-            if mark in (PROC / str(pid) / "environ").read_bytes().split(b"\0"):
-                found.add(pid)
-    if not PROC.is_dir():
-        found |= _tagged_psutil(mark.decode())
-    return found
-
-
-def _tagged_psutil(mark: str) -> set[int]:
-    try:
-        import psutil
-    except ImportError:
-        return set()
-    name, value = mark.split("=", 1)
-    found = set()
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if process.environ().get(name) == value:
-                found.add(process.pid)
-    return found

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from distlab.core.course import (
@@ -48,7 +47,7 @@ from distlab.grading.cells import (
 )
 from distlab.grading.report import ExerciseScore, NotebookGrade, modified_time
 from distlab.grading.resolve import resolve_notebook
-from distlab.grading.run import RESULTS, THEN, run_nbgrader
+from distlab.grading.run import RESULTS, THEN, owned_folder, run_nbgrader
 from distlab.progress import progress_bar
 
 DEFAULT_STUDENT = "learner"
@@ -221,7 +220,7 @@ def grade_notebook(
     found = resolve_notebook(notebook_path, root)
     notebook = found.notebook
     with (
-        tempfile.TemporaryDirectory(prefix="distlab-grade-") as tmp,
+        owned_folder("distlab-grade-") as tmp,
         progress_bar(f"grading {notebook}", total=2, enabled=progress) as bar,
     ):
         learner = Path(tmp) / "upload" / f"{notebook}.ipynb"

@@ -28,6 +28,8 @@ from typing import NamedTuple
 
 import cloudpickle
 
+from distlab.core.processes import end, group_members, tagged, tags
+
 from .errors import (
     DIED,
     FINISHED,
@@ -39,8 +41,8 @@ from .errors import (
     RankOutcome,
 )
 from .messages import Failure, Job, Output, Ping, Ready, Result
-from .proc import group_members
 from .starter import ForkedWorkerProcess, Starter
+from .worker import WORKER_TAG_VAR, worker_tag
 
 DEFAULT_TIMEOUT = 120.0
 _MAX_IDLE_WORKERS = 8
@@ -262,10 +264,17 @@ class _Worker:
         self.stderr_read += len(data)
         return data.decode("utf-8", errors="replace")
 
+    @property
+    def tag(self) -> str:
+        """What the environment of every process its jobs started carries (``WORKER_TAG_VAR``)."""
+        return worker_tag(self.process.pid)
+
     def kill(self) -> None:
-        """Kill the worker's whole process group (it and whatever it started), then reap it."""
+        """Kill the worker's whole process group (it and whatever it started), and what its
+        jobs started in sessions of their own (its tag), then reap it."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)  # its group id is its pid
+        end(lambda: tagged(WORKER_TAG_VAR, self.tag))
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
@@ -472,11 +481,14 @@ def _relay_native_output(workers: list[_Worker], show_output: bool) -> None:
 
 def _return_workers(workers: list[_Worker]) -> None:
     """Keep finished workers warm, unless the pool is full, the worker died, or its job
-    left processes running (then the worker is retired with them: nothing outlives a job)."""
+    left processes running, in its process group or (tagged) in a session of their own:
+    then the worker is retired with them, for nothing outlives a job."""
+    tagged_now = set(tags(WORKER_TAG_VAR).values())  # one pass over /proc for all of them
     with _pool_lock:
         for worker in workers:
             alive = worker.process.poll() is None
             started = [p for p in group_members(worker.process.pid) if p != worker.process.pid]
+            started += [worker.tag] if worker.tag in tagged_now else []
             if len(_idle) < _MAX_IDLE_WORKERS and alive and not started:
                 _idle.append(worker)
             else:

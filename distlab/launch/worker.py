@@ -35,8 +35,9 @@ from multiprocessing.connection import Connection
 
 import cloudpickle
 
+from distlab.core.processes import end, group_members, tagged
+
 from .messages import Failure, Job, Output, Ping, Ready, Result
-from .proc import group_members
 
 _stack_out = None  # the open file faulthandler writes to (kept alive here)
 
@@ -48,6 +49,9 @@ def main(fd: int, parent_pid: int) -> None:
 
 def _worker_main(conn: Connection, parent_pid: int) -> None:
     """Loop: receive a job, run it, send the result. Runs in the spawned process."""
+    # Everything a job starts with exec inherits this tag, in whatever session it ends up:
+    # the parent ends tagged processes with the worker (see parent._Worker.kill).
+    os.environ[WORKER_TAG_VAR] = worker_tag(os.getpid())
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C for the job
     if hasattr(signal, "pthread_sigmask"):  # started while the parent held SIGINT back
@@ -103,12 +107,25 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _end_started_processes() -> None:
-    """In a worker: kill every other process of its group (what the job started)."""
+    """In a worker: kill every other process of its group and every process with its tag
+    (what its jobs started, in this session or another)."""
     me = os.getpid()
     for pid in group_members(os.getpgrp()):
         if pid != me:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+    end(lambda: tagged(WORKER_TAG_VAR, os.environ[WORKER_TAG_VAR]))
+
+
+#: The environment variable that tags every process a worker's jobs start.
+WORKER_TAG_VAR = "DISTLAB_LAUNCH_WORKER"
+
+
+def worker_tag(worker_pid: int) -> str:
+    """The tag of worker ``worker_pid``: its pid, unique among live processes (a process
+    left by a dead worker whose pid a new worker got is ended with the new one's jobs,
+    as it should have been with the old one's)."""
+    return str(worker_pid)
 
 
 def _remove_own_files() -> None:
