@@ -41,8 +41,14 @@ from __future__ import annotations
 
 from . import pipeline
 from .accumulation import accumulate_gradients, gradient_scale_error
-from .checkpoint import load_full, load_sharded, save_full, save_sharded
-from .checkpoint_files import CheckpointError, latest_checkpoint
+from .checkpoint import (
+    latest_verified_checkpoint,
+    load_full,
+    load_sharded,
+    save_full,
+    save_sharded,
+)
+from .checkpoint_files import CheckpointError, CheckpointWarning, latest_checkpoint
 from .comm import ALGORITHMS, Collectives, CommThread
 from .compose import ComposedRun, parallelize, train
 from .context import ContextParallelBlock, Ring, ring_attention
@@ -70,6 +76,7 @@ __all__ = [
     "BucketTimes",
     "BucketedDDP",
     "CheckpointError",
+    "CheckpointWarning",
     "Collectives",
     "CommThread",
     "ComposedRun",
@@ -96,6 +103,7 @@ __all__ = [
     "build_mesh",
     "gradient_scale_error",
     "latest_checkpoint",
+    "latest_verified_checkpoint",
     "load_full",
     "load_sharded",
     "measure_model_state",

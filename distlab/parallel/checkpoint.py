@@ -33,8 +33,10 @@ Every save is atomic and every load verified
 folder and publishes it with one rename of ``COMMIT.json``, which records each
 file's SHA-256; a full save writes a temporary file and renames it, with a
 checksum of its tensors inside. A torn, damaged or foreign checkpoint is
-refused with a :class:`CheckpointError` naming the file, and
-:func:`latest_checkpoint` finds the last committed ``step-N`` to restart from.
+refused with a :class:`CheckpointError` naming the file (or the data folder,
+if the commit names one that is gone). To restart, :func:`latest_verified_checkpoint`
+finds the newest ``step-N`` whose files verify, warning about each newer step it
+skips; :func:`latest_checkpoint` only finds the last committed one.
 
 Only the CPU generator's state is saved. On a GPU, dropout draws from the
 CUDA generator (``torch.cuda.get_rng_state``), which is not saved here, so a
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -56,7 +59,7 @@ from torch import nn
 from distlab.collectives.buffers import Group
 
 from . import checkpoint_files as files
-from .checkpoint_files import CheckpointError, latest_checkpoint
+from .checkpoint_files import CheckpointError, CheckpointWarning, latest_checkpoint
 from .comm import Collectives, world
 from .flat import FlatGroup, named_parameter_index
 from .fsdp import FSDP
@@ -65,9 +68,11 @@ from .zero import ZeroOptimizer
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWarning",
     "ShardedTraining",
     "full_state",
     "latest_checkpoint",
+    "latest_verified_checkpoint",
     "load_full",
     "load_full_state",
     "load_sharded",
@@ -520,11 +525,11 @@ def verify_sharded(path: str | os.PathLike) -> Path:
 
     Each rank hashes a share of the files; all ranks then raise the same
     :class:`CheckpointError`, naming every file that is missing, truncated,
-    damaged or foreign.
+    damaged or foreign (or the data folder, if the commit names one that is gone).
     """
     rank, world_size = world()
     record = files.read_commit(path)
-    data = Path(path) / record["data"]
+    data = files.data_folder(path, record)
     mine = files.file_problems(
         data, record["files"], files.share(record["files"], rank, world_size)
     )
@@ -532,6 +537,42 @@ def verify_sharded(path: str | os.PathLike) -> Path:
     if problems:
         raise CheckpointError(f"checkpoint {path} cannot be loaded:\n  " + "\n  ".join(problems))
     return data
+
+
+def latest_verified_checkpoint(
+    folder: str | os.PathLike, prefix: str = "step-"
+) -> tuple[int, Path] | None:
+    """``(N, folder/prefixN)`` for the highest ``N`` whose checkpoint verifies, or None:
+    where a restart should resume from (collective when a process group is up).
+
+    Steps are tried newest first with :func:`verify_sharded` (every file against
+    its SHA-256 in the commit, each rank hashing a share), stopping at the first
+    that passes. Each newer step passed over (a save that never committed, a
+    damaged, truncated or missing file, a missing data folder) is reported as a
+    :class:`CheckpointWarning` that names the step and carries the
+    :class:`CheckpointError` message (on rank 0 only, so it is printed once). Works
+    for :func:`save_sharded` and :func:`~distlab.parallel.compose.save_checkpoint`
+    folders alike.
+
+    Cost: it reads every file of the step it returns (and of each damaged one
+    before it), at the SHA-256 rate ``benchmarks/checkpoint_checksum.py`` prints
+    (about 1 GB/s per core), and the load then verifies that step once more.
+    :func:`latest_checkpoint` reads only the commits, and loading what it
+    returns fails on a damaged step instead of falling back.
+    """
+    rank, _ = world()
+    steps = _agree(files.step_folders(folder, prefix) if rank == 0 else None)
+    for step, path in steps:
+        try:
+            verify_sharded(path)
+        except CheckpointError as refused:
+            if rank == 0:
+                warnings.warn(
+                    f"restart: skipping step {step}: {refused}", CheckpointWarning, stacklevel=2
+                )
+            continue
+        return step, path
+    return None
 
 
 def _fresh(meta, device, numel: int | None = None) -> torch.Tensor:

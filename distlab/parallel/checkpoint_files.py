@@ -17,9 +17,12 @@ rules give that:
    load verifies every file first (each rank hashes a share and all ranks
    agree on the verdict), so a flipped byte, a truncated or missing shard, or
    a shard copied from another save is refused with the file's name.
-3. **Resume from the last commit.** :func:`latest_checkpoint` picks the
+3. **Resume from the last good commit.** :func:`latest_checkpoint` picks the
    highest ``step-N`` folder that holds a commit, skipping one whose save was
-   interrupted.
+   interrupted; it reads only the commits. A restart should call
+   :func:`~distlab.parallel.checkpoint.latest_verified_checkpoint` instead,
+   which also checks the files (rule 2) and falls back past a damaged step,
+   warning which steps it skipped and why.
 
 A single-file (full) checkpoint is written to a temporary name and renamed;
 its checksum is computed over the tensors it holds and stored inside it.
@@ -44,6 +47,10 @@ FORMAT = "distlab-sharded-checkpoint/1"
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be trusted: incomplete, damaged, or not a checkpoint."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was passed over (a restart skipped a damaged or incomplete step)."""
 
 
 # -------------------------------------------------------------- checksums ---
@@ -172,19 +179,46 @@ def read_commit(path: str | os.PathLike) -> dict:
     return record
 
 
-def latest_checkpoint(folder: str | os.PathLike, prefix: str = "step-") -> tuple[int, Path] | None:
-    """``(N, folder/prefixN)`` for the highest ``N`` whose checkpoint was committed, or None.
+def data_folder(path: str | os.PathLike, record: dict | None = None) -> Path:
+    """The data folder that the commit of checkpoint folder ``path`` names.
 
-    A ``step-N`` folder whose save was interrupted has no valid commit and is
-    skipped, so a restart resumes from the last checkpoint that is whole. (The
-    files themselves are verified when the checkpoint is loaded.)
+    ``record``: that commit, if already read (:func:`read_commit`). A commit whose
+    data folder is gone (deleted or moved by hand, a partial copy) raises a
+    :class:`CheckpointError` naming the folder, rather than one error per file in it.
     """
+    record = read_commit(path) if record is None else record
+    data = Path(path) / record["data"]
+    if not data.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} cannot be loaded: the data folder {data.name} that its {COMMIT} "
+            f"names is missing ({data} was deleted or moved, or the checkpoint was copied "
+            f"without it), so none of its {len(record['files'])} files can be read"
+        )
+    return data
+
+
+def step_folders(folder: str | os.PathLike, prefix: str = "step-") -> list[tuple[int, Path]]:
+    """``[(N, folder/prefixN), ...]`` for every ``prefixN`` folder, highest ``N`` first."""
     found = []
     for child in Path(folder).glob(f"{prefix}*"):
         suffix = child.name[len(prefix) :]
         if suffix.isdigit() and child.is_dir():
             found.append((int(suffix), child))
-    for step, child in sorted(found, reverse=True):
+    return sorted(found, reverse=True)
+
+
+def latest_checkpoint(folder: str | os.PathLike, prefix: str = "step-") -> tuple[int, Path] | None:
+    """``(N, folder/prefixN)`` for the highest ``N`` whose checkpoint was committed, or None.
+
+    A ``step-N`` folder whose save was interrupted has no valid commit and is
+    skipped. Only the commits are read, not the files they list: a committed
+    step whose shard was damaged afterwards is still returned, and loading it
+    fails. To restart, use
+    :func:`~distlab.parallel.checkpoint.latest_verified_checkpoint`, which
+    verifies each step's files, newest first, and falls back to the newest that
+    loads.
+    """
+    for step, child in step_folders(folder, prefix):
         try:
             read_commit(child)
         except CheckpointError:

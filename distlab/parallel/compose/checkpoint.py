@@ -52,7 +52,10 @@ atomic rename and only afterwards removes the previous data folder: a save that
 dies half way leaves the previous checkpoint loadable. A load verifies every
 file's SHA-256 first (:func:`~distlab.parallel.checkpoint.verify_sharded`) and
 refuses a missing, torn or damaged checkpoint, one of another kind, another
-model or another optimizer, naming the file or the value.
+model or another optimizer, naming the file (the data folder, if the commit names
+one that is gone) or the value.
+:func:`~distlab.parallel.checkpoint.latest_verified_checkpoint` picks the newest
+``step-N`` of a run that verifies, to restart from.
 
 **Why not torch.distributed.checkpoint (DCP).** DCP stores a tensor as
 rectangular chunks of one global shape (a ``DTensor``). Two of the pieces here
@@ -343,8 +346,9 @@ def check_save_after(save_to, save_after, done: int, steps: int) -> None:
 
 def read_manifest(path: str | os.PathLike) -> dict:
     """The manifest of checkpoint folder ``path`` (its step, layout, model and pieces),
-    without verifying the data; :class:`CheckpointError` if there is no valid one."""
-    data = Path(path) / files.read_commit(path)["data"]
+    without verifying the data; :class:`CheckpointError` if there is no valid one (naming
+    the data folder if the commit names one that is missing)."""
+    data = files.data_folder(path)
     manifest_path = data / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -439,8 +443,10 @@ def load_checkpoint(path: str | os.PathLike, parallel: ParallelModel, optimizer,
     into ``parallel`` and its ``optimizer``; return the step it was saved after.
     ``dense``: the plain model ``parallelize`` was given. Collective: call on every rank.
 
-    Every file is verified first; a missing, damaged or foreign checkpoint raises
-    :class:`CheckpointError`, another model or optimizer ``ValueError``, on every rank."""
+    Every file is verified first; a missing, damaged or foreign checkpoint (or one whose
+    data folder is gone) raises :class:`CheckpointError`, another model or optimizer
+    ``ValueError``, on every rank. To pick the step to restart from, use
+    :func:`~distlab.parallel.checkpoint.latest_verified_checkpoint`."""
     data = verify_sharded(path)
     manifest = read_manifest(path)
     _check_model(path, manifest, dense)

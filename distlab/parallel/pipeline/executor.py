@@ -23,7 +23,8 @@ micro-batches add up in ``.grad`` (each loss is divided by m), so one step
 equals single-process training on the whole batch.
 
 The schedule is checked (complete, deadlock-free) before anything runs, and
-an action that raises is reported as ``rank r: action 0F3 ...``; the
+an action that raises is reported by global rank with its place in the
+pipeline, as ``rank 5 [stage 1 of pp group (1, 5)]: action 0F3 ...``; the
 launcher then stops every rank, so a failure never hangs the others.
 
 Timing: every compute action records its start and end on the machine's
@@ -55,7 +56,14 @@ _HEADER = 8  # ndim, dtype index, up to 6 sizes
 
 
 class PipelineError(RuntimeError):
-    """An action failed; the message names the rank and the action."""
+    """An action failed; the message names the global rank, its stage in the pp group
+    (``rank 5 [stage 1 of pp group (1, 5)]``) and the action."""
+
+
+def _who(me: int, stage: int, peers: Sequence[int]) -> str:
+    """``rank 5 [stage 1 of pp group (1, 5)]``: global rank ``me``, stage ``stage`` of the
+    pipeline whose stages run on global ranks ``peers``."""
+    return f"rank {me} [stage {stage} of pp group ({', '.join(map(str, peers))})]"
 
 
 @dataclass
@@ -104,6 +112,9 @@ def run_pipeline(
     (``mesh.ranks("pp")`` in a 3D job); the default is the whole job, stage r
     on rank r. ``stage.rank`` is this rank's index in that list.
 
+    Errors name this rank by its global rank and its stage in the pipeline
+    (:class:`PipelineError` for a failed action).
+
     Any ``stage_to_rank`` runs (loop or V): the stage must hold the virtual
     stages the schedule gives its rank, the loss is on the rank that holds the
     last one (rank 0 for a V), and two neighbouring stages on the same rank
@@ -137,14 +148,15 @@ def run_pipeline(
     wanted = tuple(schedule.virtual_stage(rank, c) for c in range(schedule.chunks))
     if schedule.bidirectional != (stage.mirror is not None):
         raise ValueError(
-            f"rank {me}: the schedule is {'' if schedule.bidirectional else 'not '}bidirectional "
+            f"{_who(me, rank, peers)}: the schedule is "
+            f"{'' if schedule.bidirectional else 'not '}bidirectional "
             f"but the stage {'has no' if stage.mirror is None else 'has a'} mirror; cut the "
             f"model with gpt_stage(..., bidirectional={schedule.bidirectional})"
         )
     if held != wanted:
         raise ValueError(
-            f"rank {me}: the schedule ({schedule.placement} placement) gives this rank virtual "
-            f"stages {wanted}, the stage holds {held}; cut the model with "
+            f"{_who(me, rank, peers)}: the schedule ({schedule.placement} placement) gives this "
+            f"stage virtual stages {wanted}, the stage holds {held}; cut the model with "
             f"gpt_stage(..., placement={schedule.placement!r})"
         )
     _agree(schedule, inputs, targets, peers, rank, stage)
@@ -156,7 +168,7 @@ def run_pipeline(
             runner.do(action)
         except Exception as error:
             raise PipelineError(
-                f"rank {rank}: action {action} ({_WHAT[action.kind]} of micro-batch "
+                f"{_who(me, rank, peers)}: action {action} ({_WHAT[action.kind]} of micro-batch "
                 f"{action.micro_batch}, chunk {action.chunk}) failed: {error}"
             ) from error
     return runner.finish()
