@@ -177,15 +177,20 @@ def test_each_launch_gets_its_own_free_port():
 
 
 @pytest.mark.parametrize(
-    "kwargs,message",
+    "kwargs,error,message",
     [
-        ({"world_size": 0}, "world_size must be a positive integer"),
-        ({"world_size": 2, "backend": "mpi"}, "backend must be 'gloo'"),
-        ({"world_size": 2, "timeout": 0}, "timeout must be > 0"),
+        ({"world_size": 0}, ValueError, r"world_size must be an integer in 1..64, got 0"),
+        ({"world_size": 10**6}, ValueError, r"world_size must be an integer in 1..64, got 1000000"),
+        ({"world_size": "2"}, TypeError, r"world_size must be an integer in 1..64, got '2'"),
+        ({"world_size": 2, "backend": "mpi"}, ValueError, "backend must be 'gloo'"),
+        ({"world_size": 2, "timeout": 0}, ValueError, r"timeout \(seconds\) must be a finite"),
+        ({"world_size": 2, "timeout": float("inf")}, ValueError, r"timeout .* got inf"),
+        ({"world_size": 2, "timeout": 1e300}, ValueError, r"at most 2592000 \(30 days\)"),
+        ({"world_size": 2, "args": 5}, TypeError, r"args must be a tuple .* args=\(5,\)"),
     ],
 )
-def test_bad_arguments_are_named(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_arguments_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
         distlab.run(_rank_and_sum, **kwargs)
 
 

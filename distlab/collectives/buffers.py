@@ -110,13 +110,21 @@ Group: TypeAlias = dist.ProcessGroup | None
 
 
 def group_info(group: Group) -> tuple[int, int]:
-    """(rank in group, group size); a clear error when no process group exists."""
+    """(rank in group, group size); a clear error when no process group exists, or when
+    the calling rank is not in ``group``."""
     if not dist.is_initialized():
         raise RuntimeError(
             "no process group: call inside distlab.run(...) or after distlab.init() / "
             "torch.distributed.init_process_group()"
         )
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:  # torch's own collectives return at once here, leaving the group waiting
+        raise ValueError(
+            f"global rank {dist.get_rank()} is not a member of the process group it passed: "
+            "torch.distributed.new_group(ranks) gives the ranks it leaves out a placeholder "
+            "(GroupMember.NON_GROUP_MEMBER); call the collective on the group's ranks only"
+        )
+    return rank, dist.get_world_size(group)
 
 
 def global_rank(group: Group, rank: int) -> int:

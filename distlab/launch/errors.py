@@ -68,10 +68,19 @@ class LaunchTimeoutError(TimeoutError):
 
     ``stuck`` maps each unfinished rank to where it was when the job was stopped
     (``"recv <- execute <- ring_all_reduce <- fn"``, innermost first), and
-    ``stacks`` to its whole Python stack, as ``faulthandler`` printed it.
+    ``stacks`` to its whole Python stack, as ``faulthandler`` printed it, and
+    ``collectives`` to the collective it was in (``"distlab's ring_all_reduce"``,
+    ``"torch.distributed.all_reduce"``, the end-of-job barrier, or "" for none).
     """
 
-    def __init__(self, message: str, stuck: dict | None = None, stacks: dict | None = None):
+    def __init__(
+        self,
+        message: str,
+        stuck: dict | None = None,
+        stacks: dict | None = None,
+        collectives: dict | None = None,
+    ):
         super().__init__(message)
         self.stuck = dict(stuck or {})
         self.stacks = dict(stacks or {})
+        self.collectives = dict(collectives or {})

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import cloudpickle
 
+from distlab.core.checks import int_in, positive
 from distlab.core.processes import end, group_members, tagged, tags
 
 from .errors import (
@@ -42,7 +43,7 @@ from .errors import (
 )
 from .messages import Failure, Job, Output, Ping, Ready, Result
 from .starter import ForkedWorkerProcess, Starter
-from .worker import WORKER_TAG_VAR, worker_tag
+from .worker import FINISHED_FRAME, WORKER_TAG_VAR, worker_tag
 
 DEFAULT_TIMEOUT = 120.0
 _MAX_IDLE_WORKERS = 8
@@ -75,7 +76,7 @@ def run(
     if the job runs past ``timeout`` seconds; in both cases every worker of
     the job is killed first, so nothing is left behind.
     """
-    _check_arguments(fn, world_size, backend, timeout)
+    world_size, timeout, args = _check_arguments(fn, world_size, backend, timeout, args)
     import torch.distributed as dist
 
     deadline = time.monotonic() + timeout
@@ -125,15 +126,29 @@ def run(
     return results
 
 
-def _check_arguments(fn, world_size: int, backend: str, timeout: float) -> None:
+#: The most ranks ``run`` starts: each is a process on this machine (with torch loaded and
+#: a gloo connection to every other rank); a larger job is a ``torchrun`` job on a cluster.
+MAX_WORLD_SIZE = 64
+MAX_TIMEOUT_S = 30 * 24 * 3600.0  # gloo's timeouts are timedeltas: inf or 1e300 s overflow
+
+
+def _check_arguments(fn, world_size, backend: str, timeout, args) -> tuple[int, float, tuple]:
+    """``(world_size, timeout, args)`` checked and normalised, or an error naming the bad one."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    world_size = int_in("world_size", world_size, 1, MAX_WORLD_SIZE)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPUs), got {backend!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    timeout = positive("timeout (seconds)", timeout)
+    if timeout > MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout (seconds) must be at most {MAX_TIMEOUT_S:.0f} (30 days), got {timeout:g}"
+        )
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(
+            f"args must be a tuple of the extra arguments of fn, got {type(args).__name__} "
+            f"{args!r}; for one argument write args=({args!r},)"
+        )
     if backend == "nccl":
         import torch
 
@@ -144,6 +159,7 @@ def _check_arguments(fn, world_size: int, backend: str, timeout: float) -> None:
                 f"{world_size} GPUs but {gpus} {'is' if gpus == 1 else 'are'} visible. "
                 "Use backend='gloo' to run on the CPU."
             )
+    return world_size, timeout, tuple(args)
 
 
 # ------------------------------------------------------------ taking workers ---
@@ -429,20 +445,52 @@ def _last_words(text: str, lines: int = 12) -> str:
 
 
 def _timeout_error(workers: list[_Worker], pending: set[int], timeout: float):
-    """A LaunchTimeoutError that says where each unfinished rank was stuck."""
+    """A LaunchTimeoutError that says where each unfinished rank was stuck, which ranks
+    had returned and were waiting for the others, and which collective each rank was in
+    when they were not all in the same one."""
     stacks = {rank: workers[rank].stack() for rank in sorted(pending)}
     stuck = {rank: where_stuck(stack) for rank, stack in stacks.items()}
-    finished = sorted(set(range(len(workers))) - pending)
+    returned = sorted(r for r, stack in stacks.items() if FINISHED_FRAME in _job_names(stack))
+    running = sorted(pending - set(returned))
+    finished = sorted(set(range(len(workers))) - set(running))
+    collectives = {rank: collective_in(stack) for rank, stack in stacks.items()}
     lines = [
-        f"job timed out after {timeout:g} s; ranks {sorted(pending)} had not finished"
+        f"job timed out after {timeout:g} s; ranks {running} had not finished"
         + (f" (ranks {finished} had)." if finished else "."),
-        *[f"  rank {rank} was in {where}" for rank, where in stuck.items()],
-        (
-            "A common cause is a deadlock: a rank waiting for a message that is never sent "
-            "(mismatched send/recv, or a collective that not every rank calls)."
-        ),
+        *[f"  rank {rank} was in {stuck[rank]}" for rank in running],
+        *[
+            f"  rank {rank} had returned from its function and was waiting for the others "
+            "in the end-of-job barrier"
+            for rank in returned
+        ],
     ]
-    return LaunchTimeoutError("\n".join(lines), stuck, stacks)
+    if len(set(collectives.values())) > 1:
+        named = "; ".join(f"rank {r}: {c or 'no collective'}" for r, c in collectives.items())
+        lines.append(
+            f"The ranks were not in the same collective ({named}): every rank of a group must "
+            "call the same collective, with the same algorithm (distlab's own and torch's "
+            "built-in do not talk to each other)."
+        )
+    lines.append(
+        "A common cause is a deadlock: a rank waiting for a message that is never sent "
+        "(mismatched send/recv, or a collective that not every rank calls)."
+    )
+    return LaunchTimeoutError("\n".join(lines), stuck, stacks, collectives)
+
+
+def _job_frames(stack: str) -> list[tuple[str, str, str]] | None:
+    """(file, line, function) of the thread running the job in a faulthandler dump of a
+    worker, innermost first, down to the launcher's ``_run_job`` (None if not found)."""
+    for block in stack.split("\n\n"):
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
+        names = [name for _, _, name in frames]
+        if "_worker_main" in names:
+            return frames[: names.index("_run_job")] if "_run_job" in names else frames
+    return None
+
+
+def _job_names(stack: str) -> list[str]:
+    return [name for _, _, name in _job_frames(stack) or []]
 
 
 def where_stuck(stack: str, depth: int = 5) -> str:
@@ -450,18 +498,30 @@ def where_stuck(stack: str, depth: int = 5) -> str:
     a worker: the thread running the job (the one that came from the worker's
     ``_worker_main``), innermost first, without the launcher's own frames (``_run_job`` and
     below it)."""
-    for block in stack.split("\n\n"):
-        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
-        names = [name for _, _, name in frames]
-        if "_worker_main" not in names:
-            continue
-        frames = frames[: names.index("_run_job")] if "_run_job" in names else frames
-        if not frames:
-            return "the launcher (starting the process group)"
-        path, line, name = frames[0]
-        chain = [f"{name} ({os.path.basename(path)}:{line})"] + [f[2] for f in frames[1:depth]]
-        return " <- ".join(chain) + (" <- ..." if len(frames) > depth else "")
-    return "an unknown place (its stack could not be read)"
+    frames = _job_frames(stack)
+    if frames is None:
+        return "an unknown place (its stack could not be read)"
+    if not frames:
+        return "the launcher (starting the process group)"
+    path, line, name = frames[0]
+    chain = [f"{name} ({os.path.basename(path)}:{line})"] + [f[2] for f in frames[1:depth]]
+    return " <- ".join(chain) + (" <- ..." if len(frames) > depth else "")
+
+
+def collective_in(stack: str) -> str:
+    """The collective the job's thread was in, from its outermost frame in one:
+    ``"distlab's ring_all_reduce"`` (a function of :mod:`distlab.collectives`),
+    ``"torch.distributed.all_reduce"`` (a function of torch's ``distributed_c10d``), the
+    end-of-job barrier, or "" for none."""
+    frames = _job_frames(stack) or []
+    for path, _, name in reversed(frames):  # outermost first: the call the job made
+        if name == FINISHED_FRAME:
+            return "the end-of-job barrier (its function had returned)"
+        if f"{os.sep}distlab{os.sep}collectives{os.sep}" in path:
+            return f"distlab's {name}"
+        if path.endswith("distributed_c10d.py"):
+            return f"torch.distributed.{name}"
+    return ""
 
 
 # ------------------------------------------------------------ after the job ---

@@ -211,12 +211,21 @@ def _run_job(dist, job: Job):
     )
     result = fn(rank, world_size, *args)  # if it raises, _worker_main stops the groups
     if dist.is_initialized():  # fn may have destroyed it itself, as a torchrun script does
-        # Finish together: a rank whose fn returns at once (no messages) must not close
-        # its connections while a slower peer is still opening them in init_process_group
-        # ("connectFullMesh failed ... Connection closed by peer" on a busy machine).
-        dist.barrier()
-        dist.destroy_process_group()
+        _finish_together(dist)
     return result
+
+
+def _finish_together(dist) -> None:
+    """The end-of-job barrier, after ``fn`` returned. A rank whose fn returns at once (no
+    messages) must not close its connections while a slower peer is still opening them in
+    init_process_group ("connectFullMesh failed ... Connection closed by peer" on a busy
+    machine). Its own frame, so that a timeout can tell a rank waiting here (it finished)
+    from one still running (:data:`FINISHED_FRAME`)."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+FINISHED_FRAME = _finish_together.__name__
 
 
 def process_group_timeout(launch_timeout: float) -> float:
