@@ -96,10 +96,20 @@ def anki_note(card: Card, model: genanki.Model) -> genanki.Note:
 def export_apkg(
     deck: Deck | list[Card], path: str | os.PathLike, *, timestamp: float | None = None
 ) -> Path:
-    """Write every card of ``deck`` to an ``.apkg`` file; returns its path."""
+    """Write every card of ``deck`` to an ``.apkg`` file; returns its path.
+
+    The file's folder must exist: a missing one is a ``ValueError`` naming it (a typo in the
+    path should not create folders)."""
     path = Path(path)
     if path.suffix != ".apkg":
         raise ValueError(f"Anki packages end in .apkg, got {path.name!r}")
+    folder = path.parent
+    if not folder.is_dir():
+        problem = "is not a folder" if folder.exists() else "does not exist"
+        raise ValueError(
+            f"cannot write {path}: the folder {folder} {problem}; create it first or "
+            "choose a path in an existing folder"
+        )
     models = {"basic": anki_model(), "cloze": anki_cloze_model()}
     anki_deck = genanki.Deck(DECK_ID, DECK_NAME)
     notes_done: set[str] = set()
@@ -108,6 +118,5 @@ def export_apkg(
             continue
         notes_done.add(card.note)
         anki_deck.add_note(anki_note(card, models[card.kind]))
-    path.parent.mkdir(parents=True, exist_ok=True)
     genanki.Package(anki_deck).write_to_file(str(path), timestamp=timestamp)
     return path

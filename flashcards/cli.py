@@ -10,12 +10,15 @@
     flashcards unsuspend CARD-ID                           bring back a suspended leech
 
 Every command takes ``--db PATH`` (default: ``$DISTLAB_FLASHCARDS_DB`` or the user data
-directory) and ``--deck DIR`` (default: the course deck).
+directory) and ``--deck DIR`` (default: the course deck). A ``--tag`` that no card has is
+refused with the deck's tags (:func:`check_tag`), as is a file at ``--db`` that is not a
+SQLite database (:class:`flashcards.store.StoreError`); each is one ``error:`` line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -170,8 +173,10 @@ def _plural(n: int, noun: str) -> str:
 
 # -- commands -----------------------------------------------------------------------------
 def _session(args: argparse.Namespace) -> DrillSession:
+    deck = _deck(args)
+    check_tag(deck, args.tag)
     return DrillSession(
-        _deck(args),
+        deck,
         Store(args.db),
         tag=args.tag,
         notebook=args.notebook,
@@ -186,9 +191,25 @@ def _deck(args: argparse.Namespace) -> Deck:
     return load_deck(args.deck)
 
 
+def check_tag(deck: Deck, tag: str | None) -> None:
+    """A ``ValueError`` for a ``--tag`` that no card of ``deck`` has (a typo would otherwise
+    select nothing without a word), naming the closest tags and every tag of the deck."""
+    if tag is None or tag in deck.tags:
+        return
+    close = difflib.get_close_matches(tag, deck.tags, n=3)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    raise ValueError(
+        f"unknown tag {tag!r}{hint}: no card of this deck has it; tags in this deck: "
+        f"{', '.join(deck.tags)}"
+    )
+
+
 def _selected(args: argparse.Namespace) -> list[Card]:
-    """The cards ``--tag``, ``--notebook`` and ``--up-to`` select, in course order."""
-    cards = _deck(args).filter(tag=args.tag, notebook=args.notebook)
+    """The cards ``--tag``, ``--notebook`` and ``--up-to`` select, in course order; an
+    unknown ``--tag`` is refused (:func:`check_tag`)."""
+    deck = _deck(args)
+    check_tag(deck, args.tag)
+    cards = deck.filter(tag=args.tag, notebook=args.notebook)
     if args.up_to is not None:
         cards = up_to_notebook(cards, args.up_to)
     return in_course_order(cards)

@@ -25,9 +25,12 @@ and revealed (:func:`flashcards.render.cloze_front` / :func:`~flashcards.render.
 so every reviewer (widget, terminal) shows it like any other card.
 
 The format is the contract in ``notes/deck_format.md``. Every problem is reported as a
-:class:`DeckError` naming the file, the card (id or position) and the field, including two
-that YAML itself lets through: a file that is not UTF-8 (the error gives the byte offset) and
-a key written twice in one mapping (YAML would keep the last value without a word).
+:class:`DeckError` naming the file, the card (id or position) and the field, including three
+that YAML itself lets through: a file that is not UTF-8 (the error gives the byte offset), a
+key written twice in one mapping (YAML would keep the last value without a word), and an
+anchor or alias (``&name`` / ``*name``): card files write every value out, and a few aliases
+nested in each other ("billion laughs") would make the loader walk an exponential tree, so
+they are refused while the file is read, before anything is expanded.
 
 FSRS and Anki want integer card ids; :func:`card_id_for` derives one from the slug with
 SHA-256, so the id survives edits of the text and a reordering of the files.
@@ -283,6 +286,7 @@ def _parse_yaml(path: Path) -> Any:
             f"{path}: not UTF-8 text: byte {exc.start} (line {line}) is "
             f"0x{raw[exc.start]:02x}; save the card file as UTF-8"
         ) from None
+    _refuse_anchors(path, text)
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -294,6 +298,25 @@ def _parse_yaml(path: Path) -> Any:
         raise DeckError(f"{path}: not valid YAML: {exc}") from None
     finally:
         loader.dispose()
+
+
+def _refuse_anchors(path: Path, text: str) -> None:
+    """A :class:`DeckError` at the first anchor (``&name``) or alias (``*name``) of a card
+    file, found in the parser's event stream (linear in the text, nothing expanded); files
+    with neither character are not parsed twice. Invalid YAML is left to the loader."""
+    if "&" not in text and "*" not in text:
+        return
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
+                raise DeckError(
+                    f"{path}: line {event.start_mark.line + 1}: YAML {kind}{event.anchor} is "
+                    "not allowed: card files may not use anchors or aliases (&name, *name); "
+                    "write the value out in full"
+                )
+    except yaml.YAMLError:
+        return  # _parse_yaml reports it with the loader's own words
 
 
 def _repeated_key(root: yaml.Node | None) -> str | None:

@@ -21,6 +21,10 @@ serialises writes; between processes ``BEGIN IMMEDIATE`` does. SQLite itself is 
 "serialized" by Python (https://sqlite.org/threadsafe.html); the lock keeps one thread's
 transaction from interleaving with another thread's statements on the shared connection.
 
+A path that is not a SQLite database (or one SQLite cannot open) is a :class:`StoreError`
+(a ``ValueError``) naming the file and ``$DISTLAB_FLASHCARDS_DB`` and saying what to do; the
+file is left as it is, never deleted or overwritten.
+
 Journal: WAL (readers never block the writer) where the file system supports it; on
 network file systems (NFS/SMB home directories on JupyterHub), or when SQLite refuses
 WAL, it falls back to a rollback journal (``DELETE``). See https://sqlite.org/wal.html
@@ -91,6 +95,11 @@ CREATE TABLE IF NOT EXISTS cards (
 """
 
 
+class StoreError(ValueError):
+    """A review store that cannot be opened: the message names the file, where its path came
+    from and what to do."""
+
+
 @dataclass(frozen=True)
 class Review:
     """One row of the review log."""
@@ -146,6 +155,29 @@ def filesystem_type(path: Path) -> str | None:
     return kind
 
 
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _open_error(path: Path, exc: sqlite3.DatabaseError, *, given: bool) -> str:
+    """What :class:`StoreError` says: the file, where its path came from, SQLite's words
+    and what to do (the file itself is never touched)."""
+    if given:
+        origin = "given with --db (or as Store's path)"
+    elif os.environ.get(DB_ENV_VAR):
+        origin = f"set by ${DB_ENV_VAR}"
+    else:
+        origin = "the default location"
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        what = f"is not a SQLite database (SQLite: {exc})"
+    else:
+        what = f"cannot be opened as a SQLite database (SQLite: {exc})"
+    return (
+        f"review store {path}, {origin}, {what}; the file was left as it is: move it away, "
+        f"or point ${DB_ENV_VAR} (or --db) at another file, which is created if missing"
+    )
+
+
 def _iso(moment: datetime) -> str:
     return as_utc(moment).isoformat(timespec="microseconds")
 
@@ -181,24 +213,33 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         uri = f"{self.path.resolve().as_uri()}" + (f"?vfs={_VFS}" if _VFS else "")
         self._lock = threading.RLock()  # held by every use of the connection (see the docstring)
-        self._conn = sqlite3.connect(
-            uri,
-            uri=True,
-            timeout=busy_timeout_ms / 1000,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        self.journal_mode = self._set_journal_mode(requested)
-        self._conn.execute("PRAGMA synchronous = FULL")
-        with self.transaction():
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    self._conn.execute(statement)
-            self._conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
+        try:
+            self._conn = sqlite3.connect(
+                uri,
+                uri=True,
+                timeout=busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=False,
             )
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(_open_error(self.path, exc, given=path is not None)) from None
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self.journal_mode = self._set_journal_mode(requested)
+            self._conn.execute("PRAGMA synchronous = FULL")
+            with self.transaction():
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            if getattr(exc, "sqlite_errorcode", None) in _BUSY:
+                raise  # another process holds the file: not a bad path
+            raise StoreError(_open_error(self.path, exc, given=path is not None)) from None
 
     # -- connection ---------------------------------------------------------------------
     def _set_journal_mode(self, requested: str) -> str:

@@ -204,3 +204,109 @@ def test_params_inf_reaches_the_planner():
     assert "--layers" not in argv and "--global-batch" in argv
     code, message = run_cli("distlab", argv)
     assert code == 2 and "--params" in message and "inf" in message, message
+
+
+# -- "No input hangs or traces back": sizes, orders, card files, review stores, paths, tags ----
+def run_cli_out(program: str, argv: list[str]) -> tuple[int, str, str]:
+    """``main(argv)`` in-process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            code = PROGRAMS[program][1](argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_error_line(message: str) -> str:
+    lines = [line for line in message.splitlines() if "error" in line]
+    assert len(lines) == 1 and "Traceback" not in message, message
+    return lines[0]
+
+
+def test_bubble_with_huge_counts_answers_in_closed_form(monkeypatch):
+    """p = 1000 used to replay three schedules for > 40 s, p = 10^11 for ever: the closed
+    forms answer at once, and the replay column is left out past its limit."""
+    import json
+
+    from distlab.calc import pipeline
+
+    schedule_ops = pipeline.schedule_ops
+
+    def bounded(stages, micro_batches, *, schedule, virtual_stages):
+        slots = stages * micro_batches * virtual_stages
+        assert stages <= 64 and slots <= 8_192, f"distlab bubble built {stages} x {slots} slots"
+        return schedule_ops(stages, micro_batches, schedule=schedule, virtual_stages=virtual_stages)
+
+    monkeypatch.setattr(pipeline, "schedule_ops", bounded)
+    p, m = 99_999_999_999, 8
+    for argv in (["--stages", str(p), "--micro-batches", "8"],
+                 ["--stages", "4", "--micro-batches", "8", "--virtual-stages", str(p)]):  # fmt: skip
+        code, out, err = run_cli_out("distlab", ["bubble", *argv, "--json"])
+        assert (code, err) == (0, ""), err
+        rows = json.loads(out)["rows"]
+        assert rows[-1]["bubble_counted_from_schedule"] is None
+    code, out, _ = run_cli_out("distlab", ["bubble", "--stages", str(p), "--micro-batches", "8", "--json"])  # fmt: skip
+    assert json.loads(out)["rows"][0]["bubble_of_total"] == (p - 1) / (m + p - 1)
+    code, out, _ = run_cli_out("distlab", ["bubble", "--stages", "4", "--micro-batches", "8"])
+    assert code == 0 and out.count("27.27%") == 4  # gpipe and 1f1b: formula and replay agree
+    code, out, _ = run_cli_out("distlab", ["bubble", "--stages", "1000", "--micro-batches", "8"])
+    assert code == 0 and "64 stages or 8,192 slots" in out
+
+
+@pytest.mark.parametrize("order", ["tp-pp", "pp-tp-dp"])
+def test_place_refuses_a_partial_order(order):
+    code, err = run_cli("distlab", ["place", "--order", order])
+    line = one_error_line(err)
+    missing = ", ".join(d for d in ("tp", "cp", "ep", "dp", "pp") if d not in order.split("-"))
+    assert code == 2 and "--order" in line and f"order {order!r} leaves out {missing}" in line
+
+
+def test_place_refuses_a_degree_above_the_largest_world_size():
+    code, err = run_cli("distlab", ["place", "--tp", "99999999999"])
+    line = one_error_line(err)
+    assert code == 2 and "tp=99999999999 is more than 262,144" in line, line
+
+
+@pytest.mark.timeout(30)
+def test_flashcards_list_refuses_an_alias_bomb(tmp_path):
+    """ "Billion laughs": 9^10 leaves once expanded; the loader used to walk them for minutes."""
+    lines = ["topic: bomb", "title: Bomb", "l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join([*lines, "cards: *l9", ""]))
+    code, err = run_cli("flashcards", ["list", "--deck", str(path), "--db", str(tmp_path / "r.db")])
+    line = one_error_line(err)
+    assert code == 2 and str(path) in line and "may not use anchors or aliases" in line, line
+
+
+def test_flashcards_names_a_review_store_that_is_not_sqlite(tmp_path, monkeypatch):
+    garbage = tmp_path / "reviews.db"
+    garbage.write_bytes(bytes(range(256)) * 8)
+    monkeypatch.setenv("DISTLAB_FLASHCARDS_DB", str(garbage))
+    for command in (["list"], ["stats"], ["export-json", str(tmp_path / "h.json")]):
+        code, err = run_cli("flashcards", command)
+        line = one_error_line(err)
+        assert code == 2 and str(garbage) in line and "$DISTLAB_FLASHCARDS_DB" in line, line
+        assert "not a SQLite database" in line and "move it away" in line
+    assert garbage.read_bytes() == bytes(range(256)) * 8
+
+
+def test_export_anki_refuses_a_missing_folder(tmp_path):
+    folder = tmp_path / "nonexistent-dir"
+    code, err = run_cli("flashcards", ["export-anki", str(folder / "x.apkg"), "--db", str(tmp_path / "r.db")])  # fmt: skip
+    line = one_error_line(err)
+    assert code == 2 and f"the folder {folder} does not exist" in line, line
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("command", ["list", "export-anki", "drill", "stats"])
+def test_unknown_tag_is_refused_with_the_known_tags(command, tmp_path):
+    argv = [command, *([str(tmp_path / "d.apkg")] if command == "export-anki" else []),
+            "--db", str(tmp_path / "r.db"), "--tag", "colectives"]  # fmt: skip
+    code, err = run_cli("flashcards", argv)
+    line = one_error_line(err)
+    assert code == 2 and "unknown tag 'colectives' (did you mean 'collectives'?)" in line, line
+    assert "tags in this deck: 3d-placement, advanced, basic" in line
+    code, err = run_cli("flashcards", [*argv[:-1], "no-such-tag"])
+    assert code == 2 and "unknown tag 'no-such-tag': no card of this deck has it" in err

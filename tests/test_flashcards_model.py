@@ -301,6 +301,7 @@ def test_cloze_notes_export_as_anki_cloze_notes(tmp_path):
 
     write_topic(tmp_path, "alpha", CLOZE_NOTE + GOOD_CARD.format(id="plain", topic="alpha"))
     deck = load_deck(tmp_path)
+    (tmp_path / "out").mkdir()  # export_apkg creates no folder
     path = export_apkg(deck, tmp_path / "out" / "deck.apkg", timestamp=0)
     with zipfile.ZipFile(path) as z:
         (tmp_path / "collection.sqlite").write_bytes(z.read("collection.anki2"))

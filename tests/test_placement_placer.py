@@ -94,8 +94,8 @@ def test_pcie_box_keeps_tp_under_one_switch():
     cluster = preset("pcie-8gpu")
     good = place(Layout(tp=4, dp=2), cluster)
     assert good.link_summary()["tp"] == {"pcie": 2}
-    bad = place(Layout(tp=4, dp=2, order="dp-tp"), cluster, strategy="rank-order")
-    assert bad.link_summary()["tp"] == {"pcie-far": 2} and bad.order == "dp-tp"
+    bad = place(Layout(tp=4, dp=2, order="dp-tp-cp-ep-pp"), cluster, strategy="rank-order")
+    assert bad.link_summary()["tp"] == {"pcie-far": 2} and bad.order == "dp-tp-cp-ep-pp"
     assert bad.score().part("tp").time_s > good.score().part("tp").time_s
 
 
@@ -228,7 +228,7 @@ def test_hundred_thousand_gpus_are_placed_without_violations():
         (Layout(tp=16), preset("dgx-h100", nodes=4), "tp=16 is larger than the 8 GPUs"),
         (Layout(tp=8), preset("pcie-8gpu"), None),
         (Layout(tp=6, dp=2), preset("gb200-nvl72"), "multiple of gpus_per_node=4"),
-        (Layout(tp=2, dp=4, order="dp-tp"), preset("dgx-h100"), "inside TP"),
+        (Layout(tp=2, dp=4, order="dp-tp-cp-ep-pp"), preset("dgx-h100"), "inside TP"),
     ],
 )
 def test_bad_placements_raise_value_error(job, cluster, match):

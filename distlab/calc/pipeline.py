@@ -50,12 +50,23 @@ The schedules themselves are data, one type for the whole library
 timeline equals the formulas here (the tests check it). GPipe keeps all m
 micro-batches' activations; 1F1B keeps at most p on the first stage
 (:func:`in_flight_micro_batches`).
+
+The closed forms build no schedule, so they answer at once for any p and m
+(``bubble_fraction(10**11, 8)``); a schedule lists every action and is built
+for bounded sizes only (:func:`schedule_ops`).
 """
 
 from __future__ import annotations
 
 from distlab.core.checks import choice, positive, positive_int
-from distlab.core.pipeline_schedule import GENERATORS, LOOPING, V_SHAPED, Schedule, build
+from distlab.core.pipeline_schedule import (
+    GENERATORS,
+    LOOPING,
+    V_SHAPED,
+    Schedule,
+    build,
+    check_v_shape,
+)
 from distlab.sim.pipeline_replay import Timeline, replay
 
 SCHEDULES = tuple(GENERATORS)  # gpipe, 1f1b, interleaved, zb_h1, zb_h2, zb_v, dualpipe_v, ...
@@ -114,7 +125,7 @@ def bubble_fraction(
         _zb_needs_enough_micro_batches(p, m)
         return (p - 1) / (3 * m) if relative_to == "ideal" else (p - 1) / (3 * m + p - 1)
     if schedule in V_SHAPED:
-        build(schedule, p, m)  # names an m too small for the schedule
+        check_v_shape(schedule, p, m)  # names an m too small for the schedule
         k = p - 2 if schedule == "dualpipe" else p - 1
         return k / (6 * m) if relative_to == "ideal" else k / (6 * m + k)
     if schedule == "breadth_first" and m < p:
@@ -159,7 +170,7 @@ def in_flight_micro_batches(
     if schedule == "zb_h2":
         return min(2 * p - 1, m)
     if schedule in V_SHAPED:
-        build(schedule, p, m)  # names an m too small for the schedule
+        check_v_shape(schedule, p, m)  # names an m too small for the schedule
         return {"zb_v": p, "dualpipe_v": p + 0.5, "dualpipe": p + 1}[schedule]
     return min(m * v, v * p + p - 1) / v
 
@@ -223,7 +234,12 @@ def schedule_ops(
     stages: int, micro_batches: int, *, schedule: str = "1f1b", virtual_stages: int = 1
 ) -> Schedule:
     """The :class:`~distlab.core.pipeline_schedule.Schedule` these formulas describe
-    (``build`` from :mod:`distlab.core.pipeline_schedule` with this module's argument names)."""
+    (``build`` from :mod:`distlab.core.pipeline_schedule` with this module's argument names).
+    A schedule lists every action, so it is built for at most
+    :data:`~distlab.core.pipeline_schedule.MAX_STAGES` stages and
+    :data:`~distlab.core.pipeline_schedule.MAX_SLOTS` slots (stages x micro-batches x
+    chunks); larger sizes are a ``ValueError`` naming the limit. The closed forms above
+    build nothing and take any size."""
     p, m, v = _check(stages, micro_batches, schedule, virtual_stages)
     return build(schedule, p, m, chunks=v)
 

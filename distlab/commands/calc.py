@@ -258,31 +258,41 @@ def _register_bubble(subparsers) -> None:
     p.set_defaults(func=_bubble_main)
 
 
+#: the largest schedule ``distlab bubble`` replays for its "replayed" column: at most this many
+#: stages and slots (stages x micro-batches x chunks), about a second of replay each (a replay's
+#: time grows with both); the closed forms take any size
+REPLAY_STAGES = 64
+REPLAY_SLOTS = 8_192
+
+
 def bubble_table(stages: int, micro_batches: int, *, virtual_stages: int = 2) -> list[dict]:
-    """One row per schedule: bubble fractions, in-flight micro-batches, and the bubble
-    counted by replaying the schedule (None where the schedule cannot be built)."""
+    """One row per schedule: bubble fractions and in-flight micro-batches (closed forms, any
+    size), and the bubble counted by replaying the schedule: None where the schedule cannot
+    be built (interleaved needs m to be a multiple of p) or is larger than
+    :data:`REPLAY_STAGES` stages or :data:`REPLAY_SLOTS` slots, so that the work stays
+    bounded however large p and m are."""
     rows = []
     for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", virtual_stages)):
         kw = {"schedule": schedule, "virtual_stages": v}
-        try:
-            replayed = pipeline.replay(pipeline.schedule_ops(stages, micro_batches, **kw))
-            counted = replayed.bubble_fraction
-        except ValueError:  # interleaved needs m to be a multiple of p
-            counted = None
-        rows.append(
-            {
-                "schedule": schedule,
-                "virtual_stages": v,
-                "bubble_of_total": pipeline.bubble_fraction(stages, micro_batches, **kw),
-                "bubble_over_ideal": pipeline.bubble_fraction(
-                    stages, micro_batches, relative_to="ideal", **kw
-                ),
-                "in_flight_micro_batches": pipeline.in_flight_micro_batches(
-                    stages, micro_batches, **kw
-                ),
-                "bubble_counted_from_schedule": counted,
-            }
-        )
+        row = {
+            "schedule": schedule,
+            "virtual_stages": v,
+            "bubble_of_total": pipeline.bubble_fraction(stages, micro_batches, **kw),
+            "bubble_over_ideal": pipeline.bubble_fraction(
+                stages, micro_batches, relative_to="ideal", **kw
+            ),
+            "in_flight_micro_batches": pipeline.in_flight_micro_batches(
+                stages, micro_batches, **kw
+            ),
+            "bubble_counted_from_schedule": None,
+        }
+        if stages <= REPLAY_STAGES and stages * micro_batches * v <= REPLAY_SLOTS:
+            try:
+                replayed = pipeline.replay(pipeline.schedule_ops(stages, micro_batches, **kw))
+                row["bubble_counted_from_schedule"] = replayed.bubble_fraction
+            except ValueError:  # interleaved needs m to be a multiple of p
+                pass
+        rows.append(row)
     return rows
 
 
@@ -317,7 +327,11 @@ def _bubble_main(args) -> int:
                 "bubble / step = (p-1)/(vm+p-1); bubble / ideal = (p-1)/(vm) "
                 "(Narayanan et al. 2021, Section 2.2)."
             ),
-            "replayed: idle share counted by timing the schedule's ops (backward = 2 x forward).",
+            (
+                "replayed: idle share counted by timing the schedule's ops (backward = 2 x "
+                f"forward); '-' where it cannot be built, or has more than {REPLAY_STAGES} "
+                f"stages or {REPLAY_SLOTS:,} slots (stages x micro-batches x chunks)."
+            ),
         ],
     )
     return 0

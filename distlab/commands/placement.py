@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict
 
 from distlab.core.checks import cli, nonnegative, nonnegative_int, positive
-from distlab.core.layout import Layout
+from distlab.core.layout import Layout, check_order
 from distlab.core.ranks import DEFAULT_ORDER
 from distlab.placement.cluster import resolve_cluster
 from distlab.placement.jobs import mixed_jobs
@@ -21,9 +22,10 @@ def register(subparsers) -> None:
         p.add_argument(f"--{dim}", type=int, default=1, help=f"{dim} degree (default 1)")
     p.add_argument(
         "--order",
+        type=_order,
         default=None,
-        help=f"rank order, e.g. {DEFAULT_ORDER} (default: chosen by score; {DEFAULT_ORDER} "
-        "for the rank-order and random strategies)",
+        help=f"rank order naming all five dimensions, e.g. {DEFAULT_ORDER} (default: chosen "
+        f"by score; {DEFAULT_ORDER} for the rank-order and random strategies)",
     )
     p.add_argument("--strategy", default="hierarchical", choices=STRATEGIES)
     p.add_argument(
@@ -59,6 +61,15 @@ def register(subparsers) -> None:
     s.add_argument("--seed", type=cli(nonnegative_int, integer=True), default=0)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_schedule)
+
+
+def _order(text: str) -> str:
+    """argparse type of ``--order``: :func:`~distlab.core.layout.check_order`'s rule and words
+    (every dimension named once), refused before a layout is built."""
+    try:
+        return check_order(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cluster_args(parser, *, nodes: int | None) -> None:

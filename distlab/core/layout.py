@@ -30,7 +30,10 @@ recomputation) and ``micro_batch`` (sequences per micro-batch, for the
 calculators).
 
 Every value is checked here, once, with a message that names it; code that
-receives a ``Layout`` trusts it.
+receives a ``Layout`` trusts it. The fields are keyword-only; counts are ints
+(a whole float such as ``2.0`` is stored as ``2``, :func:`~distlab.core.checks.int_in`'s
+rule; ``True``, ``2.5`` and ``"2"`` are refused); each degree and the world size
+are at most :data:`MAX_WORLD_SIZE`; ``order`` names all five dimensions.
 """
 
 from __future__ import annotations
@@ -40,7 +43,20 @@ from functools import cached_property
 
 from distlab.core.checks import int_in, positive_int
 from distlab.core.pipeline_schedule import GENERATORS, LOOPING
-from distlab.core.ranks import DEFAULT_ORDER, GROUP_NAMES, check_degrees, parse_order, rank_groups
+from distlab.core.ranks import (
+    DEFAULT_ORDER,
+    DIMENSIONS,
+    GROUP_NAMES,
+    check_degrees,
+    parse_order,
+    rank_groups,
+)
+
+#: The most ranks a layout may have (and so the largest degree): 2^18 = 262,144 GPUs, more
+#: than the largest training clusters built so far; a bigger number is a typo, not a job.
+MAX_WORLD_SIZE = 2**18
+#: The fields that are degrees, each in 1..MAX_WORLD_SIZE.
+DEGREES = ("tp", "cp", "ep", "pp", "dp", "virtual_stages")
 
 #: activation recomputation: none, the attention core only (Korthikanti et al.
 #: 2022, Section 4), or every layer's input only (Chen et al. 2016)
@@ -55,12 +71,41 @@ ZERO_STAGES = {
 }
 
 
-@dataclass(frozen=True)
+def check_order(order: object) -> str:
+    """``order`` as a rank order naming each of tp, cp, ep, dp, pp once (first name varies
+    fastest), lower-cased, e.g. ``"tp-cp-ep-dp-pp"``; a ``ValueError`` names an unknown,
+    repeated or missing dimension (a partial order would leave the missing ones' place to
+    a guess)."""
+    names = parse_order(order)  # TypeError for a non-string, ValueError for unknown/repeated
+    given = [name.strip().lower() for name in str(order).split("-")]
+    missing = [name for name in DIMENSIONS if name not in given]
+    if missing:
+        raise ValueError(
+            f"order {order!r} leaves out {', '.join(missing)}; name every dimension once, "
+            f"first the fastest-varying, e.g. {DEFAULT_ORDER!r}"
+        )
+    return "-".join(names)
+
+
+def _degree(name: str, value: object) -> int:
+    """``value`` as an int in 1..MAX_WORLD_SIZE (:func:`~distlab.core.checks.positive_int`'s
+    rule and words below, the limit named above)."""
+    degree = positive_int(name, value)
+    if degree > MAX_WORLD_SIZE:
+        raise ValueError(
+            f"{name}={degree} is more than {MAX_WORLD_SIZE:,}, the largest degree (and world "
+            f"size) a layout may have; allowed: {name} in 1..{MAX_WORLD_SIZE}"
+        )
+    return degree
+
+
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """The degrees and settings of one parallel run; see the module docstring.
 
     ``schedule=None`` means "1f1b", or "interleaved" when ``virtual_stages > 1``.
-    Construct it with keywords: ``Layout(tp=2, pp=2, dp=2, zero_stage=1)``.
+    Construct it with keywords (positional arguments are a ``TypeError``):
+    ``Layout(tp=2, pp=2, dp=2, zero_stage=1)``.
     """
 
     tp: int = 1
@@ -78,11 +123,18 @@ class Layout:
     order: str = DEFAULT_ORDER
 
     def __post_init__(self) -> None:
-        for name in ("tp", "cp", "ep", "pp", "dp", "virtual_stages", "micro_batches"):
-            positive_int(name, getattr(self, name))
-        positive_int("micro_batch", self.micro_batch)
-        int_in("zero_stage", self.zero_stage, 0, 3)
-        parse_order(self.order)
+        checked = {name: _degree(name, getattr(self, name)) for name in DEGREES}
+        checked["micro_batches"] = positive_int("micro_batches", self.micro_batches)
+        checked["micro_batch"] = positive_int("micro_batch", self.micro_batch)
+        checked["zero_stage"] = int_in("zero_stage", self.zero_stage, 0, 3)
+        checked["order"] = check_order(self.order)
+        for name, value in checked.items():  # 2.0 is stored as 2, "TP-..." as "tp-..."
+            object.__setattr__(self, name, value)
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"tp*cp*dp*pp = {self.tp}*{self.cp}*{self.dp}*{self.pp} = {self.world_size:,} "
+                f"ranks is more than the {MAX_WORLD_SIZE:,} ranks a layout may have"
+            )
         check_degrees(self.world_size, tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep)
         if not isinstance(self.sequence_parallel, bool):
             raise TypeError(
@@ -94,7 +146,9 @@ class Layout:
             )
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
-        if self.schedule is not None and self.schedule not in GENERATORS:
+        if self.schedule is not None and (
+            not isinstance(self.schedule, str) or self.schedule not in GENERATORS
+        ):
             allowed = ", ".join(GENERATORS)
             raise ValueError(f"unknown schedule {self.schedule!r}; allowed: {allowed}")
         if self.virtual_stages > 1 and self.pp == 1:

@@ -58,6 +58,12 @@ from functools import cached_property
 
 from .checks import nonnegative_int, positive_int
 
+#: The most pipeline stages (ranks) a schedule is built for; far beyond real pipelines
+#: (tens of stages), and small enough that a replay stays within seconds.
+MAX_STAGES = 256
+#: The most slots, stages x micro-batches x chunks, a schedule is built for: each slot is
+#: one forward and one or two backward actions, so a schedule holds at most ~200,000.
+MAX_SLOTS = 65_536
 COMPUTE_KINDS = ("F", "B", "I", "W")
 COMM_KINDS = ("SF", "RF", "SB", "RB")
 KINDS = COMPUTE_KINDS + COMM_KINDS
@@ -98,8 +104,9 @@ def stage_to_rank(stages: int, chunks: int, placement: str = "loop") -> tuple[in
     """The rank of each of the p v virtual stages: ``"loop"`` gives stage j to rank
     j mod p; ``"v"`` walks the ranks down and back up, so stage j of block
     b = j // p goes to rank j mod p when b is even and p - 1 - j mod p when b is
-    odd (torch's ``generate_stage_to_rank_mapping(style="v")``)."""
-    p, v = positive_int("stages", stages), positive_int("chunks", chunks)
+    odd (torch's ``generate_stage_to_rank_mapping(style="v")``). At most
+    :data:`MAX_STAGES` stages and :data:`MAX_SLOTS` virtual stages."""
+    p, _, v = check_size(stages, 1, chunks)
     if placement == "loop":
         return tuple(j % p for j in range(p * v))
     if placement == "v":
@@ -246,6 +253,28 @@ class Schedule:
         )
 
 
+def check_size(stages: int, micro_batches: int, chunks: int = 1) -> tuple[int, int, int]:
+    """``(p, m, v)``, each an int >= 1, or a ``ValueError`` when the schedule would be too
+    big to build: more than :data:`MAX_STAGES` stages or more than :data:`MAX_SLOTS`
+    slots p m v. The message names the value and the limit."""
+    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    v = positive_int("chunks", chunks)
+    if p > MAX_STAGES:
+        raise ValueError(
+            f"stages={p} is more than the {MAX_STAGES} stages distlab builds, replays and "
+            "draws a pipeline schedule for; the closed forms of distlab.calc.pipeline "
+            "(bubble_fraction, in_flight_micro_batches) take any size"
+        )
+    if p * m * v > MAX_SLOTS:
+        raise ValueError(
+            f"stages={p} x micro_batches={m} x chunks={v} = {p * m * v:,} slots is more than "
+            f"the {MAX_SLOTS:,} slots distlab builds, replays and draws a pipeline schedule "
+            "for; the closed forms of distlab.calc.pipeline (bubble_fraction, "
+            "in_flight_micro_batches) take any size"
+        )
+    return p, m, v
+
+
 def _check_mapping(mapping: tuple[int, ...], p: int, v: int) -> None:
     """p v entries, each a rank 0..p-1, every rank holding exactly v stages."""
     if len(mapping) != p * v or any(
@@ -268,7 +297,7 @@ def _check_mapping(mapping: tuple[int, ...], p: int, v: int) -> None:
 
 def gpipe(stages: int, micro_batches: int) -> Schedule:
     """GPipe (Huang et al. 2019): every rank runs all m forwards, then all m backwards."""
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    p, m, _ = check_size(stages, micro_batches)
     row = [Action(0, "F", i) for i in range(m)] + [Action(0, "B", i) for i in range(m)]
     return Schedule(tuple(tuple(row) for _ in range(p)), 1, "gpipe")
 
@@ -277,7 +306,7 @@ def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
     """1F1B / PipeDream-Flush (Narayanan et al. 2021, Section 2.2.1): rank r runs
     min(p - r - 1, m) warm-up forwards, then alternates one forward and one
     backward, then drains the remaining backwards."""
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    p, m, _ = check_size(stages, micro_batches)
     ranks = [
         _warmup_then_alternate(min(p - r - 1, m), m, lambda k, kind: Action(0, kind, k))
         for r in range(p)
@@ -294,8 +323,7 @@ def interleaved(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
     2(p - r - 1) + (v - 1) p forwards (all of them when m = p), as Megatron-LM
     does, and like Megatron-LM needs m to be a multiple of p.
     """
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
-    v = positive_int("chunks", chunks)
+    p, m, v = check_size(stages, micro_batches, chunks)
     if m % p:
         raise ValueError(
             f"the interleaved schedule needs micro_batches to be a multiple of stages; "
@@ -324,7 +352,7 @@ def zb_h1(stages: int, micro_batches: int) -> Schedule:
     the bubble shrinks from (p-1)(T_F + T_B) to (p-1)(T_F + T_I - T_W) while
     the first rank still holds at most p micro-batches' activations.
     """
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    p, m, _ = check_size(stages, micro_batches)
     ranks = []
     for r in range(p):
         warmup = min(p - r - 1, m)
@@ -359,7 +387,7 @@ def zb_h2(stages: int, micro_batches: int) -> Schedule:
     p - 1 - r slots before the last rank. The price: the first rank holds
     2p - 1 micro-batches' activations, not p.
     """
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
+    p, m, _ = check_size(stages, micro_batches)
     ranks = []
     for r in range(p):
         warmup = min(2 * (p - r) - 1, m)
@@ -397,18 +425,35 @@ def zb_v(stages: int, micro_batches: int) -> Schedule:
     micro-batches' worth of its layers, as 1F1B. Needs m >= 2p - 1 (the
     first rank's warm-up alone runs 2p - 1 forwards).
     """
+    p, m, _ = check_size(stages, micro_batches)
+    return _v_schedule("zb_v", p, m, _zb_v_rank)
+
+
+def check_v_shape(name: str, stages: int, micro_batches: int) -> None:
+    """``ValueError`` unless the V-shaped schedule ``name`` can be built with these sizes
+    (ZB-V: m >= 2p - 1; DualPipeV: m >= 2p; DualPipe: an even p and an even m >= 2p),
+    without building it: the closed forms of :mod:`distlab.calc.pipeline` ask it for any size."""
     p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
-    return _v_schedule("zb_v", "ZB-V", p, m, (2 * p - 1, "2 * stages - 1"), _zb_v_rank)
-
-
-def _v_schedule(name: str, label: str, p: int, m: int, least: tuple, rank_actions) -> Schedule:
-    """The V-shaped schedule whose rank r runs ``rank_actions(p, m, r)``; ``least`` is the
-    smallest m it takes and how that reads, (2p, "2 * stages")."""
-    if m < least[0]:
+    if name == "dualpipe":
+        if p % 2 or m % 2 or m < 2 * p:
+            raise ValueError(
+                f"DualPipe needs an even number of stages and an even micro_batches >= "
+                f"2 * stages; got stages={p}, micro_batches={m}"
+            )
+        return
+    label, least, reads = {
+        "zb_v": ("ZB-V", 2 * p - 1, "2 * stages - 1"),
+        "dualpipe_v": ("DualPipeV", 2 * p, "2 * stages"),
+    }[name]
+    if m < least:
         raise ValueError(
-            f"{label} needs micro_batches >= {least[1]} = {least[0]}; "
-            f"got micro_batches={m}, stages={p}"
+            f"{label} needs micro_batches >= {reads} = {least}; got micro_batches={m}, stages={p}"
         )
+
+
+def _v_schedule(name: str, p: int, m: int, rank_actions) -> Schedule:
+    """The V-shaped schedule ``name`` whose rank r runs ``rank_actions(p, m, r)``."""
+    check_v_shape(name, p, m)
     ranks = tuple(rank_actions(p, m, r) for r in range(p))
     return Schedule(ranks, 2, name, micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v"))
 
@@ -471,8 +516,8 @@ def dualpipe_v(stages: int, micro_batches: int) -> Schedule:
     Needs m >= 2p. Activations: rank 0 holds at most 2p + 1 chunks, that is
     p + 1/2 micro-batches of its layers (the report's PP + 1 chunks of half size).
     """
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
-    return _v_schedule("dualpipe_v", "DualPipeV", p, m, (2 * p, "2 * stages"), _dualpipe_v_rank)
+    p, m, _ = check_size(stages, micro_batches)
+    return _v_schedule("dualpipe_v", p, m, _dualpipe_v_rank)
 
 
 def _dualpipe_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
@@ -547,12 +592,8 @@ def dualpipe(stages: int, micro_batches: int) -> Schedule:
     Needs an even p and an even m >= 2p. Twice the parameters per rank; rank 0
     holds p + 1 micro-batches' activations at its peak (the report's PP + 1).
     """
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
-    if p % 2 or m % 2 or m < 2 * p:
-        raise ValueError(
-            f"DualPipe needs an even number of stages and an even micro_batches >= 2 * stages; "
-            f"got stages={p}, micro_batches={m}"
-        )
+    p, m, _ = check_size(stages, micro_batches)
+    check_v_shape("dualpipe", p, m)
     ranks = []
     for r in range(p):
         near = 0 if r < p // 2 else 1  # the chunk whose pipeline this rank meets first
@@ -586,8 +627,7 @@ def breadth_first(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
     sharded data-parallel run (ZeRO-3/FSDP) gathers them once per step and
     direction instead of once per group of p micro-batches.
     """
-    p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
-    v = positive_int("chunks", chunks)
+    p, m, v = check_size(stages, micro_batches, chunks)
     row = [Action(c, "F", i) for c in range(v) for i in range(m)]
     row += [Action(c, "B", i) for c in reversed(range(v)) for i in range(m)]
     return Schedule(tuple(tuple(row) for _ in range(p)), v, "breadth_first")

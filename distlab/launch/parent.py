@@ -128,7 +128,7 @@ def run(
 
 #: The most ranks ``run`` starts: each is a process on this machine (with torch loaded and
 #: a gloo connection to every other rank); a larger job is a ``torchrun`` job on a cluster.
-MAX_WORLD_SIZE = 64
+MAX_LOCAL_RANKS = 64
 MAX_TIMEOUT_S = 30 * 24 * 3600.0  # gloo's timeouts are timedeltas: inf or 1e300 s overflow
 
 
@@ -136,7 +136,7 @@ def _check_arguments(fn, world_size, backend: str, timeout, args) -> tuple[int, 
     """``(world_size, timeout, args)`` checked and normalised, or an error naming the bad one."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    world_size = int_in("world_size", world_size, 1, MAX_WORLD_SIZE)
+    world_size = int_in("world_size", world_size, 1, MAX_LOCAL_RANKS)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPUs), got {backend!r}")
     timeout = positive("timeout (seconds)", timeout)
