@@ -334,6 +334,9 @@ def checkpoint_faults() -> None:
 
 # ------------------------------------------------------------------- inputs ---
 CLI = ["-m", "distlab.cli"]
+#: Inputs that get an answer: the bubble's closed forms for any size, and a whole float as
+#: an int (checks.int_in's rule); every other input below must be refused.
+ANSWERED = ("distlab bubble --stages 99999999999", "Layout(zero_stage=1.0)")
 CARDS = ["-m", "flashcards.cli"]
 
 
@@ -361,7 +364,8 @@ def input_faults() -> None:
             ("flashcards list --tag no-such-tag", CARDS + ["list", "--tag", "no-such-tag"], {}),
             ("distlab place --order tp-pp", CLI + ["place", "--order", "tp-pp"], {}),
             ("Layout(tp=10**30)", ["-c", layout + "Layout(tp=10**30)"], {}),
-            ("Layout(zero_stage=1.0)", ["-c", layout + "Layout(zero_stage=1.0)"], {}),
+            ("Layout(zero_stage=1.0)", ["-c", layout + "stage = Layout(zero_stage=1.0).zero_stage"
+             "; assert type(stage) is int, stage; print('stored as the int', stage)"], {}),
             ("Layout(2, 2)", ["-c", layout + "Layout(2, 2)"], {}),
             ("distlab.run(f, 2, timeout=inf)",
              ["-c", "import distlab; distlab.run(print, 2, timeout=float('inf'))"], {}),
@@ -381,7 +385,9 @@ def input_faults() -> None:
                 continue
             said = (done.stderr.strip() or done.stdout.strip()).splitlines()
             last = said[-1] if said else ""
-            if done.returncode == 0:
+            if name in ANSWERED:  # a right answer at once is the fix, not a refusal
+                outcome = "clean" if done.returncode == 0 else "wrong"
+            elif done.returncode == 0:
                 outcome = "wrong"
             elif "Traceback" in done.stderr and not name.startswith(("Layout", "distlab.run")):
                 outcome = "wrong"  # a CLI must say one line, not trace back

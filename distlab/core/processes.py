@@ -91,24 +91,38 @@ def group_members(pgid: int) -> list[int]:
 
 def tags(var: str) -> dict[int, str]:
     """pid -> value of ``var`` in the environment of every live process (of this user) that
-    has it. One pass over ``/proc``: a few milliseconds for a few hundred processes."""
-    prefix = f"{var}=".encode()
-    found = {}
+    has it. One pass over ``/proc`` with plain ``os.read`` (about 15 microseconds a
+    process: 6 ms for 400, paid once per warm launch)."""
     if not PROC.is_dir():
         return _tags_psutil(var)
+    key = f"{var}=".encode()
+    found = {}
     for entry in os.listdir(PROC):
-        if entry.isdigit():
-            try:
-                environ = (PROC / entry / "environ").read_bytes()
-            except OSError:  # another user's process, or it ended while we looked
-                continue
-            if not environ:  # a zombie (or a kernel thread) has no environment left
-                continue
-            for item in environ.split(b"\0"):
-                if item.startswith(prefix):
-                    found[int(entry)] = item[len(prefix) :].decode(errors="replace")
-                    break
+        if not entry.isdigit():
+            continue
+        environ = b"\0" + _read_all(f"/proc/{entry}/environ")  # b"" if not ours
+        at = environ.find(b"\0" + key)  # NUL-separated VAR=value entries
+        if at >= 0:
+            value = environ[at + 1 + len(key) :].split(b"\0", 1)[0]
+            found[int(entry)] = value.decode(errors="replace")
     return found
+
+
+def _read_all(path: str) -> bytes:
+    """The whole file at ``path``, or b"" if it cannot be read (it ended, or is not ours)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def tagged(var: str, value: str) -> set[int]:
