@@ -12,7 +12,9 @@ A layout is a setting, not a file: TP x CP x DP, TP x PP x CP, TP x EP x PP,
 TP x PP x DP with FSDP, sequence parallelism with the interleaved schedule all
 run through the same two functions (:mod:`.model` for the order in which the
 parallelisms are applied, :mod:`.loop` for the step); :mod:`.checkpoint` saves a
-run of any layout and loads it into any other.
+run of any layout and loads it into any other. ``train`` first checks that every
+rank got the same model, layout, batch and settings, and otherwise raises the same
+``ValueError`` on every rank, naming what differs.
 """
 
 from .blocks import ContextParallelAttention, StageEmbedding, StageHead

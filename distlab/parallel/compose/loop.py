@@ -23,6 +23,16 @@ equals one single-process step on the whole batch, up to fp32 rounding.
 ``pp > 1`` ``aux_weight`` must be 0 (an earlier stage's balancing loss has no path
 to the last stage's loss in this executor). Each micro-batch of each replica (and
 with cp > 1 each cp rank's tokens) is one routing group with its own capacity.
+
+**Agreement.** Before it builds a process group, :func:`train` checks that every rank
+got the same model and arguments: the layout field by field, steps, lr, the optimizer
+and its settings, aux_weight, split, context, algorithm, the batch (dtype, shape and a
+SHA-256 of tokens and of targets), the checkpoint arguments, the model's config and
+parameters (:func:`~distlab.parallel.agreement.check_same_across_ranks`, two small
+all-gathers per call). A rank with another layout or step count would otherwise hang
+the others; one with another batch or lr would train silently wrong. Each rank's own
+bad value (a batch that dp * micro_batches does not divide) is refused before that,
+on that rank, by name.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from distlab.core.checks import nonnegative, positive, positive_int
 from distlab.core.layout import Layout
 from distlab.core.ranks import GROUP_NAMES
 from distlab.models import GPT, check_batch
+from distlab.parallel.agreement import check_same_across_ranks, parameters
 from distlab.parallel.comm import Collectives
 from distlab.parallel.comm_trace import name_groups, trace_comm
 from distlab.parallel.context import split_sequence
@@ -198,7 +209,11 @@ def train(
     Checkpoints (:mod:`.checkpoint`, any layout): ``resume_from``: a checkpoint folder
     loaded before the first step (``steps`` then counts the steps still to run);
     ``save_to`` with ``save_after``: save to that folder after step ``save_after``
-    (counted from the start of training) and go on."""
+    (counted from the start of training) and go on.
+
+    Every rank raises the same ``ValueError`` naming the first of these that differs
+    across ranks ("lr differs across ranks: rank 0: 0.1, rank 3: 0.2"), before the first
+    process group is built."""
     steps, lr = positive_int("steps", steps), positive("lr", lr)
     aux_weight = nonnegative("aux_weight", aux_weight)
     if aux_weight and layout.pp > 1:
@@ -209,6 +224,28 @@ def train(
     check_model(model, layout, split=split, context=context)
     check_divisible(
         "batch", tokens.shape[0], layout.dp * layout.micro_batches, by="dp * micro_batches"
+    )
+    check_same_across_ranks(
+        {
+            "layout": layout,
+            "steps": steps,
+            "lr": lr,
+            "optimizer": optimizer,
+            "the optimizer's settings": OPTIMIZERS[optimizer][:2],
+            "aux_weight": aux_weight,
+            "split": split,
+            "context": context,
+            "algorithm": algorithm,
+            "the batch (tokens)": tokens,
+            "the batch (targets)": targets,
+            "save_to": save_to,
+            "save_after": save_after,
+            "resume_from": resume_from,
+            "the model's config": model.config,
+            "the model's MoE config": getattr(model, "moe_config", None),
+            **parameters("the model", model),
+        },
+        hint="every rank must call train with the same model and arguments",
     )
     parallel = parallelize(model, layout, split=split, context=context, algorithm=algorithm)
     mesh, where = parallel.mesh, parallel.mesh.coordinates

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from distlab.models import GPT
+from distlab.parallel.agreement import check_same_across_ranks, parameters
 from distlab.parallel.context import local_positions
 
 from . import sequence as sp
-from .checks import check_divisible, check_same_on_every_rank, fingerprint
+from .checks import check_divisible
 from .layers import ParallelBlock
 from .ops import TensorParallelComm, copy_to_tp
 from .vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
@@ -57,7 +58,12 @@ class ParallelGPT(nn.Module):
         check_divisible("heads", c.heads, t)
         if sequence_parallel:
             check_divisible("seq_len", c.seq_len, t)
-        check_same_on_every_rank(comm, "the dense GPT", fingerprint(dense))
+        check_same_across_ranks(
+            parameters("the dense GPT", dense),
+            group=comm.group,
+            among="the ranks of the tensor-parallel group",
+            hint="each rank must shard the same dense model",
+        )
         self.config, self.comm, self.sequence_parallel = c, comm, sequence_parallel
         self.context = context  # (cp, cp rank, split) or None
         self.tok = VocabParallelEmbedding(dense.tok, comm, sequence_parallel=sequence_parallel)
