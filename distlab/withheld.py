@@ -17,12 +17,26 @@ saying which function the exercise asks the learner to write. Everything is
 put back on the way out, also when the check fails. Only what the exercise
 replaces should be withheld: library code that calls a withheld function
 fails too while the block runs.
+
+Rebinding names cannot catch a reference taken before the block: a default argument
+(``def f(x, _ref=sim.busbw)``), a ``functools.partial``, a dict or list of functions built
+at cell level, a subclass whose methods call originals saved earlier, a module reloaded
+with ``importlib.reload``, or a copy of the library's code (``inspect.getsource`` and
+``exec``). So the block also watches what runs (:class:`_Watch`, ``sys.settrace`` in this
+thread and in threads started inside it): any execution of a withheld function's code, or
+of code with the same bytecode, constants and names (a copy or a reloaded module's), is a
+shortcut however it was reached. It is reported when the block ends, by name, as an
+:class:`ExerciseShortcut`, so the learner's code cannot hide it by catching the error.
+Functions, methods and classes (every method of a class) can be withheld.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
+import threading
+import types
 from collections.abc import Callable, Iterator
 
 _SCANNED = ("__main__", "distlab", "torch.distributed", "torch._C._distributed_c10d")
@@ -77,6 +91,104 @@ def _bindings(targets: dict[int, Callable]) -> list[tuple[object, str, Callable]
     return found
 
 
+def _code_objects(fn: object) -> list[types.CodeType]:
+    """The code a withheld function, method or class runs (a class: each of its methods).
+
+    A decorated function is watched by the function it wraps (``__wrapped__``): the
+    decorator's wrapper code is shared by every function it decorates (torch.distributed's
+    collectives share one logging wrapper), so running it says nothing. For the same
+    reason a closure's code (shared by every function its factory made) is left to the
+    rebinding, as is a C function."""
+    if isinstance(fn, type):
+        members = []
+        for member in vars(fn).values():
+            if isinstance(member, property):
+                members += [f for f in (member.fget, member.fset, member.fdel) if f]
+            else:
+                members.append(member)
+        return [code for member in members for code in _code_objects(member)]
+    if isinstance(fn, (staticmethod, classmethod, types.MethodType)):
+        fn = fn.__func__
+    fn = inspect.unwrap(fn) if callable(fn) else fn
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType) or code.co_freevars:
+        return []
+    return [code]
+
+
+def _fingerprint(code: types.CodeType) -> tuple:
+    """What a copy of ``code`` shares with it wherever it was compiled: bytecode, names and
+    constants (the docstring among them; nested code by its own fingerprint), not the file
+    or the line numbers."""
+    consts = tuple(
+        _fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts
+    )
+    return (code.co_name, code.co_code, code.co_names, code.co_varnames, consts)
+
+
+def _copy_detectable(code: types.CodeType) -> bool:
+    """Whether a run of code with ``code``'s fingerprint can only be a copy: it has a
+    docstring, or is long. A learner's own two-line function, written from the formula, may
+    compile to the same bytes as an undocumented library one-liner; it must not be blamed."""
+    documented = bool(code.co_consts) and isinstance(code.co_consts[0], str)
+    return documented or len(code.co_code) >= 120
+
+
+class _Watch:
+    """Records every run of the withheld code (or a copy of it) while it is installed:
+    ``sys.settrace`` in this thread, ``threading.settrace`` for threads started meanwhile.
+    The trace function looks only at calls (it returns no local tracer), and passes each
+    event on to a tracer that was already installed (a debugger)."""
+
+    def __init__(self, functions, calls: list[str]):
+        # by identity (code objects compare equal by value, so two compilations of one
+        # short formula would match), and copies by fingerprint
+        self.codes = [code for fn in functions for code in _code_objects(fn)]  # kept alive
+        self.names: dict[object, str] = {}
+        for fn in functions:
+            for code in _code_objects(fn):
+                self.names[id(code)] = _qualified_code(fn, code)
+                if _copy_detectable(code):
+                    self.names[_fingerprint(code)] = self.names[id(code)]
+        self.calls = calls
+        self.ran: list[str] = []
+
+    def __call__(self, frame, event, arg):
+        if event == "call":
+            name = self._name_of(frame.f_code)
+            if name is not None and name not in self.ran:
+                self.ran.append(name)
+                self.calls.append(name)
+        return self._previous(frame, event, arg) if self._previous else None
+
+    def _name_of(self, code: types.CodeType) -> str | None:
+        """The withheld function ``code`` is (or copies), or None; each code object is
+        fingerprinted once (kept with its answer, so a recycled id cannot mislead)."""
+        seen = self._seen.get(id(code))
+        if seen is None or seen[0] is not code:
+            name = self.names.get(id(code)) or self.names.get(_fingerprint(code))
+            seen = self._seen[id(code)] = (code, name)
+        return seen[1]
+
+    def __enter__(self):
+        self._seen: dict[int, tuple[types.CodeType, str | None]] = {}
+        self._previous = sys.gettrace()
+        self._previous_threads = threading.gettrace()
+        sys.settrace(self)
+        threading.settrace(self)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self._previous)
+        threading.settrace(self._previous_threads)
+
+
+def _qualified_code(fn: object, code: types.CodeType) -> str:
+    if isinstance(fn, type):
+        return f"{_qualified(fn)}.{code.co_name}"
+    return _qualified(fn)
+
+
 @contextlib.contextmanager
 def withheld(*functions: Callable, exercise: str) -> Iterator[list[str]]:
     """Within the block, calling any of ``functions`` raises :class:`ExerciseShortcut`.
@@ -93,13 +205,33 @@ def withheld(*functions: Callable, exercise: str) -> Iterator[list[str]]:
     targets = {id(fn): fn for fn in functions}
     stand_ins = {id(fn): _stand_in(fn, exercise, calls) for fn in functions}
     bindings = _bindings(targets)
+    watch = _Watch(functions, calls)
     try:
         for owner, attr, fn in bindings:
             setattr(owner, attr, stand_ins[id(fn)])
-        yield calls
+        with watch:
+            try:
+                yield calls
+            except ExerciseShortcut:
+                raise  # a withheld name was called: the stand-in already said so
+            except BaseException as error:
+                if watch.ran:
+                    raise _ran_anyway(exercise, watch.ran) from error
+                raise
     finally:
         for owner, attr, fn in bindings:
             setattr(owner, attr, fn)
+    if watch.ran:
+        raise _ran_anyway(exercise, watch.ran)
+
+
+def _ran_anyway(exercise: str, names: list[str]) -> ExerciseShortcut:
+    return ExerciseShortcut(
+        f"exercise {exercise!r} asks you to write this yourself: your code ran "
+        f"{', '.join(names)}, which the grader withholds while it checks your code, reached "
+        "without its name (a default argument, functools.partial, a saved reference, a "
+        "reloaded module or a copy of its code)"
+    )
 
 
 def expect(condition: bool, what: str, got, want, hint: str = "") -> None:

@@ -90,3 +90,118 @@ def test_expect_messages_say_what_both_values_and_the_hint():
     expect_close("x", 1.0, 1.0)
     with pytest.raises(AssertionError, match="yours is 'a', expected 1"):
         expect_close("x", "a", 1)
+
+
+# --- shortcuts that rebinding names cannot see: the code that runs is what counts ---------
+
+_SAVED = sim.busbw  # a reference taken at cell level, before the test cell runs
+
+
+def by_default_argument(n_bytes, seconds, _ref=sim.busbw):
+    return _ref("all_reduce", 8, n_bytes, seconds)
+
+
+def by_partial(n_bytes, seconds):
+    import functools
+
+    return functools.partial(_SAVED, "all_reduce", 8)(n_bytes, seconds)
+
+
+_TABLE = {"busbw": sim.busbw}
+
+
+def by_dict(n_bytes, seconds):
+    return _TABLE["busbw"]("all_reduce", 8, n_bytes, seconds)
+
+
+def _copied():
+    import inspect
+
+    namespace = dict(vars(sys.modules[sim.busbw.__module__]))
+    exec(inspect.getsource(sim.busbw), namespace)  # noqa: S102 - the shortcut under test
+    return namespace["busbw"]
+
+
+_COPY = _copied()
+
+
+def by_copy(n_bytes, seconds):
+    return _COPY("all_reduce", 8, n_bytes, seconds)
+
+
+def in_a_thread(n_bytes, seconds):
+    import threading
+
+    out = []
+    worker = threading.Thread(target=lambda: out.append(_SAVED("all_reduce", 8, n_bytes, seconds)))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+@pytest.mark.parametrize(
+    "shortcut", [by_default_argument, by_partial, by_dict, by_copy, in_a_thread]
+)
+def test_a_reference_taken_before_the_block_is_caught_by_what_runs(shortcut):
+    want = sim.busbw("all_reduce", 8, 10**9, 0.01)
+    with (
+        pytest.raises(ExerciseShortcut, match=r"your code ran \S*busbw.*default argument"),
+        withheld(sim.busbw, exercise="bandwidths") as calls,
+    ):
+        got = shortcut(10**9, 0.01)  # the right value, by the library
+        expect_close("busbw", got, want)
+    assert calls and calls[0].endswith("busbw")
+    assert sys.gettrace() is None, "the watch is removed"
+
+
+def test_a_failing_check_that_also_ran_the_reference_says_so():
+    with (
+        pytest.raises(ExerciseShortcut, match="your code ran") as info,
+        withheld(sim.busbw, exercise="bandwidths"),
+    ):
+        by_default_argument(10**9, 0.01)
+        raise AssertionError("then the learner's value was wrong")
+    assert isinstance(info.value.__cause__, AssertionError)
+
+
+def test_a_withheld_class_covers_every_method_and_a_subclass_calling_saved_originals():
+    from distlab.parallel.mixed_precision import DynamicLossScaler
+
+    saved_update = DynamicLossScaler.update
+
+    class Mine(DynamicLossScaler):
+        def update(self, found_inf, _original=saved_update):
+            return _original(self, found_inf)
+
+    with (
+        pytest.raises(ExerciseShortcut, match="DynamicLossScaler.update"),
+        withheld(DynamicLossScaler.update, exercise="loss-scaler"),
+    ):
+        Mine().update(False)
+
+
+def test_honest_code_and_a_formula_like_the_librarys_pass():
+    source = "def double(x):\n    return 2 * x\n"  # the same name and bytes, no docstring
+    library, learners = {}, {}
+    exec(source, library)  # noqa: S102 - two compilations of one short formula
+    exec(source, learners)  # noqa: S102
+    with withheld(sim.busbw, library["double"], exercise="x") as calls:
+        assert learners_own(10**9, 0.01) > 0
+        assert learners["double"](3) == 6
+    assert calls == []
+
+
+def test_the_watch_passes_events_on_to_a_debugger_and_restores_it():
+    seen = []
+
+    def debugger(frame, event, arg):
+        seen.append(frame.f_code.co_name)
+
+    sys.settrace(debugger)
+    try:
+        with withheld(sim.busbw, exercise="x"):
+            learners_own(1, 1)
+        assert sys.gettrace() is debugger
+    finally:
+        sys.settrace(None)
+    assert "learners_own" in seen

@@ -50,6 +50,47 @@ MUTANTS = {
     ],
     "bandwidths": [
         (
+            "the references as default arguments",
+            [
+                (
+                    "def bandwidths(collective: str, n: int, n_bytes: float, time_s: float) -> tuple[float, float]:",
+                    "def bandwidths(collective, n, n_bytes, time_s, _algbw=sim.algbw, _busbw=sim.busbw):",
+                ),
+                (
+                    "    algbw = n_bytes / time_s\n",
+                    "    return _algbw(n_bytes, time_s), _busbw(collective, n, n_bytes, time_s)\n"
+                    "    algbw = n_bytes / time_s\n",
+                ),
+            ],
+        ),
+        (
+            "the references in a dict built at cell level",
+            [
+                (
+                    "def bandwidths(",
+                    "REFERENCES = {'algbw': sim.algbw, 'busbw': sim.busbw}\n\n\ndef bandwidths(",
+                ),
+                (
+                    "    algbw = n_bytes / time_s\n",
+                    "    algbw = REFERENCES['algbw'](n_bytes, time_s)\n"
+                    "    return algbw, REFERENCES['busbw'](collective, n, n_bytes, time_s)\n",
+                ),
+            ],
+        ),
+        (
+            "functools.partial of the reference",
+            [
+                (
+                    "def bandwidths(",
+                    "import functools\n\nbusbw_of = functools.partial(sim.busbw)\n\n\ndef bandwidths(",
+                ),
+                (
+                    "    return algbw, algbw * factor",
+                    "    return algbw, busbw_of(collective, n, n_bytes, time_s)",
+                ),
+            ],
+        ),
+        (
             "calls the reference",
             [
                 (

@@ -5,6 +5,50 @@ ASSIGNMENT = "04-data-parallelism"
 MUTANTS = {
     "assign-buckets": [
         (
+            "distlab's assignment as a default argument",
+            [
+                (
+                    "def assign_buckets(params: list[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:",
+                    "def assign_buckets(params, cap_bytes, _ref=reference_buckets.assign_buckets):",
+                ),
+                (
+                    "    buckets, current, size = [], [], 0",
+                    "    return _ref(list(reversed(params)), cap_bytes)\n    buckets, current, size = [], [], 0",
+                ),
+            ],
+        ),
+        (
+            "a copy of distlab's code (inspect.getsource and exec)",
+            [
+                (
+                    "def assign_buckets(",
+                    "import inspect\n\ncopied = dict(vars(reference_buckets))\n"
+                    "exec(inspect.getsource(reference_buckets.assign_buckets), copied)\n\n\n"
+                    "def assign_buckets(",
+                ),
+                (
+                    "    buckets, current, size = [], [], 0",
+                    "    return copied['assign_buckets'](list(reversed(params)), cap_bytes)\n"
+                    "    buckets, current, size = [], [], 0",
+                ),
+            ],
+        ),
+        (
+            "distlab's module reloaded, so its function is a new object",
+            [
+                (
+                    "def assign_buckets(",
+                    "import importlib\n\nfresh = importlib.reload(reference_buckets)\n\n\n"
+                    "def assign_buckets(",
+                ),
+                (
+                    "    buckets, current, size = [], [], 0",
+                    "    return fresh.assign_buckets(list(reversed(params)), cap_bytes)\n"
+                    "    buckets, current, size = [], [], 0",
+                ),
+            ],
+        ),
+        (
             "calls PyTorch's assignment",
             [
                 (

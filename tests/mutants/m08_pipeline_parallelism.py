@@ -72,6 +72,20 @@ MUTANTS = {
     ],
     "smallest-m": [
         (
+            "the library's bubble_fraction as a default argument",
+            [
+                (
+                    "def smallest_micro_batches(p: int, target: float, virtual_stages: int = 1) -> int:",
+                    "def smallest_micro_batches(p, target, virtual_stages=1, _bubble=bubble_fraction):",
+                ),
+                (
+                    "    while (p - 1) / (virtual_stages * m + p - 1) >= target:",
+                    "    name = 'interleaved' if virtual_stages > 1 else '1f1b'\n"
+                    "    while _bubble(p, m, schedule=name, virtual_stages=virtual_stages) >= target:",
+                ),
+            ],
+        ),
+        (
             "searches with the library's bubble_fraction",
             [
                 (

@@ -9,6 +9,20 @@ _CANDIDATES = "    candidates = [\n"
 MUTANTS = {
     "rank-groups": [
         (
+            "the library's rank_groups as a default argument",
+            [
+                (
+                    "def megatron_groups(world_size: int, tp: int, pp: int) -> dict[str, list[list[int]]]:",
+                    "def megatron_groups(world_size, tp, pp, _groups=rank_groups):",
+                ),
+                (
+                    "    dp = world_size // (tp * pp)\n",
+                    "    dp = world_size // (tp * pp)\n"
+                    "    return _groups(world_size, tp=tp, pp=pp, dp=dp)\n",
+                ),
+            ],
+        ),
+        (
             "calls the library's rank_groups",
             [
                 (
