@@ -14,7 +14,7 @@ The interleaved schedule (Section 2.2.2) gives each rank v model chunks
 (p - 1) / (v m) of the ideal time, at v times more point-to-point traffic.
 
 Zero-bubble ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism",
-Section 3.1) splits the backward into the input gradient I (time T_I, the
+Section 2.1; its bubble in Section 2.3, Table 2) splits the backward into the input gradient I (time T_I, the
 paper's T_B) and the weight gradient W (T_W) and delays the W's into the
 idle slots: the bubble per rank drops from (p-1)(T_F + T_I + T_W) to
 (p-1)(T_F + T_I - T_W) (:func:`zb_h1_bubble_time`), with 1F1B's memory.
@@ -23,18 +23,20 @@ Beyond ZB-H1 (each built in :mod:`distlab.core.pipeline_schedule`; the
 fractions below are for T_F = T_I = T_W, one synchronous step, and the tests
 check each against the replay):
 
-* ZB-H2 (Qi et al., Section 3.1): more warm-up forwards, 2p - 1 micro-batches
+* ZB-H2 (Qi et al., Section 2.2): more warm-up forwards, 2p - 1 micro-batches
   in flight on the first rank. Every rank is busy from its first action to
   its last, so the paper's bubble (p-1)(T_F + T_I - 2 T_W), zero at equal
   costs, is reached when each rank starts its next step as soon as it is done
   (:attr:`~distlab.sim.pipeline_replay.Timeline.span_bubble_fraction`); within
   one synchronous step the ranks' staggered starts and ends still cost
   (p-1)/(3m + p - 1), as ZB-H1.
-* ZB-V (Qi et al., Section 6) and DualPipeV (DeepSeek-AI 2024): two chunks
+* ZB-V (Qi et al., Section 6) and DualPipeV (Sea AI Lab's "cut-in-half" of DualPipe,
+  as DeepSeek's DualPipe repository credits it; it is not in the V3 report): two chunks
   per rank in a V. A chunk is half a stage, so the staggered start and end
   cost half as much: (p-1)/(6m + p - 1) of the step, with p (ZB-V) or
   p + 1/2 (DualPipeV) micro-batches' activations on the first rank. The
-  DeepSeek-V3 report's own count, (PP/2 - 1)(F&B + B - 3W)
+  DeepSeek-V3 report's own count for DualPipe (Table 2), which the DualPipe
+  repository gives for DualPipeV too, (PP/2 - 1)(F&B + B - 3W)
   (:func:`dualpipe_bubble_time`), assumes sends that leave in batches.
 * DualPipe (DeepSeek-AI 2024): two copies of the model, micro-batches entering
   from both ends; each rank runs a whole stage of each copy, so the staggered
@@ -105,7 +107,7 @@ def bubble_fraction(
     divided by the ideal (bubble-free) compute time, the paper's form. v = 1
     for ``"gpipe"`` and ``"1f1b"`` (same bubble; 1F1B needs less memory).
 
-    ``"zb_h1"`` under Qi et al.'s assumption T_F = T_I = T_W (Section 3.1):
+    ``"zb_h1"`` under Qi et al.'s assumption T_F = T_I = T_W (Sections 2.1 and 2.3):
     bubble (p-1) T_F against an ideal 3 m T_F, so (p-1)/(3m) of the ideal and
     (p-1)/(3m + p - 1) of the step; the closed form needs m >= p. Other costs:
     :func:`zb_h1_bubble_time`. ``"zb_h2"``: the same within one synchronous step
@@ -148,17 +150,17 @@ def in_flight_micro_batches(
 
     * GPipe: m (every forward runs before any backward);
     * 1F1B: min(p, m) (the first stage runs p - 1 warm-up forwards, then one more
-      before its first backward); ZB-H1 the same (Qi et al. 2024, Section 3.1:
+      before its first backward); ZB-H1 the same (Qi et al. 2024, Section 2.1:
       activations count until the input-gradient pass I; a pending W keeps only
       the smaller inputs of its weight gradients);
     * interleaved: min(m, p + (p-1)/v). Megatron-LM's first rank runs
       2(p-1) + (v-1)p warm-up forwards of chunks holding L/(pv) layers, one
       more before its first backward: (vp + p - 1) chunks, i.e. the factor
       1 + (p-1)/(pv) of Korthikanti et al. 2022, Section 4.2.3;
-    * ZB-H2: min(2p - 1, m), its 2p - 1 warm-up forwards (Qi et al. 2024, Section 3.1);
+    * ZB-H2: min(2p - 1, m), its 2p - 1 warm-up forwards (Qi et al. 2024, Section 2.2);
     * ZB-V: p, as 1F1B: 2p chunks of L/(2p) layers (Qi et al. 2024, Section 6);
-    * DualPipeV: p + 1/2: 2p + 1 chunks of L/(2p) layers (the DeepSeek-V3
-      report's PP + 1 chunks, with chunks of half a stage);
+    * DualPipeV: p + 1/2: 2p + 1 chunks of L/(2p) layers (the PP + 1 chunks that
+      DeepSeek's DualPipe repository gives it, with chunks of half a stage);
     * DualPipe: p + 1, the report's PP + 1 (each chunk a whole stage of one copy);
     * breadth-first: m, as GPipe (every forward before any backward).
     """
@@ -175,11 +177,21 @@ def in_flight_micro_batches(
     return min(m * v, v * p + p - 1) / v
 
 
+def chunk_switches(
+    stages: int, micro_batches: int, *, schedule: str, virtual_stages: int = 2, rank: int = 0
+) -> int:
+    """How often ``rank`` moves from one model chunk to another in one step of
+    ``schedule`` (:meth:`~distlab.core.pipeline_schedule.Schedule.chunk_switches`): each
+    move gathers the next chunk's weights again under ZeRO-3/FSDP. Breadth-first (Lamy-Poirier
+    2023): 2v - 2, whatever m; depth-first (``"interleaved"``): more as m grows."""
+    return build(schedule, stages, micro_batches, chunks=virtual_stages).chunk_switches(rank)
+
+
 def zb_h1_bubble_time(
     stages: int, *, forward_time: float, input_grad_time: float, weight_grad_time: float
 ) -> float:
     """ZB-H1's idle time per rank per step, (p-1)(T_F + T_I - T_W) (Qi et al. 2024,
-    Section 3.1, with T_I the paper's T_B), for m >= p micro-batches and
+    Section 2.3, Table 2, with T_I the paper's T_B), for m >= p micro-batches and
     T_W <= T_F + T_I. 1F1B's is (p-1)(T_F + T_I + T_W)."""
     p = positive_int("stages", stages)
     t_f, t_i = positive("forward_time", forward_time), positive("input_grad_time", input_grad_time)
@@ -196,7 +208,7 @@ def zb_h2_bubble_time(
     stages: int, *, forward_time: float, input_grad_time: float, weight_grad_time: float
 ) -> float:
     """ZB-H2's idle time per rank inside its own busy span, (p-1)(T_F + T_I - 2 T_W)
-    (Qi et al. 2024, Table 2 and Section 3.1, T_I being the paper's T_B), floored
+    (Qi et al. 2024, Section 2.3, Table 2, T_I being the paper's T_B), floored
     at 0: the step's bubble when consecutive steps overlap (the paper's optimizer
     post-validation); :attr:`~distlab.sim.pipeline_replay.Timeline.span_bubble_fraction`
     measures it on a replay."""
@@ -209,8 +221,8 @@ def zb_h2_bubble_time(
 def dualpipe_bubble_time(
     stages: int, *, overlapped_time: float, backward_time: float, weight_grad_time: float
 ) -> float:
-    """DualPipe's and DualPipeV's bubble per rank as the DeepSeek-V3 report (Table 2) and
-    its code's README count it: (PP/2 - 1)(F&B + B - 3W), PP the number of pipeline
+    """DualPipe's bubble per rank as the DeepSeek-V3 report counts it (Table 2), and
+    DualPipeV's as DeepSeek's DualPipe repository does (the same expression): (PP/2 - 1)(F&B + B - 3W), PP the number of pipeline
     stages, F&B (``overlapped_time``) one forward chunk overlapped with one backward
     chunk, B a whole backward chunk, W its weight part. With F&B = F + B (no overlap,
     as on this course's executor) and F = B/2 = W this is (PP/2 - 1) 2 F; the

@@ -51,6 +51,7 @@ runs it on real processes, :mod:`distlab.viz.pipeline_plots` draws it.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -189,6 +190,15 @@ class Schedule:
     def stages(self) -> int:
         """p, the number of ranks."""
         return len(self.ranks)
+
+    def chunk_switches(self, rank: int = 0) -> int:
+        """How often ``rank`` moves from one of its chunks to another in one step: under
+        ZeRO-3/FSDP each move gathers the next chunk's weights again. Breadth-first makes
+        2v - 2 (its 2v - 1 runs: the chunks' forwards in order, then their backwards in
+        reverse, the last chunk's forwards and backwards back to back); depth-first
+        interleaving switches every few micro-batches, more as m grows."""
+        row = self.ranks[rank]
+        return sum(a.chunk != b.chunk for a, b in itertools.pairwise(row))
 
     @property
     def placement(self) -> str:
@@ -343,7 +353,7 @@ def interleaved(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
 
 
 def zb_h1(stages: int, micro_batches: int) -> Schedule:
-    """ZB-H1 (Qi et al. 2024, Section 3.1): 1F1B with the backward split into
+    """ZB-H1 (Qi et al. 2024, Section 2.1): 1F1B with the backward split into
     I (input gradient, on the critical path) and W (weight gradient, free to wait).
 
     Rank r runs 1F1B's min(p - r - 1, m) warm-up forwards, then F, I pairs,
@@ -371,7 +381,7 @@ def zb_h1(stages: int, micro_batches: int) -> Schedule:
 
 
 def zb_h2(stages: int, micro_batches: int) -> Schedule:
-    """ZB-H2 (Qi et al. 2024, Section 3.1): ZB-H1 with more warm-up forwards, so that
+    """ZB-H2 (Qi et al. 2024, Section 2.2): ZB-H1 with more warm-up forwards, so that
     no rank waits for its first input gradient.
 
     Rank r runs min(2(p - r) - 1, m) warm-up forwards: the first input
