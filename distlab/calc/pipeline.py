@@ -31,7 +31,7 @@ check each against the replay):
   one synchronous step the ranks' staggered starts and ends still cost
   (p-1)/(3m + p - 1), as ZB-H1.
 * ZB-V (Qi et al., Section 6) and DualPipeV (Sea AI Lab's "cut-in-half" of DualPipe,
-  as DeepSeek's DualPipe repository credits it; it is not in the V3 report): two chunks
+  as the README of DeepSeek's DualPipe repository credits it): two chunks
   per rank in a V. A chunk is half a stage, so the staggered start and end
   cost half as much: (p-1)/(6m + p - 1) of the step, with p (ZB-V) or
   p + 1/2 (DualPipeV) micro-batches' activations on the first rank. The
