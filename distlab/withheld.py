@@ -143,10 +143,11 @@ class _Watch:
     def __init__(self, functions, calls: list[str]):
         # by identity (code objects compare equal by value, so two compilations of one
         # short formula would match), and copies by fingerprint
-        self.codes = [code for fn in functions for code in _code_objects(fn)]  # kept alive
+        self.codes = []  # kept alive while their ids are keys
         self.names: dict[object, str] = {}
         for fn in functions:
             for code in _code_objects(fn):
+                self.codes.append(code)
                 self.names[id(code)] = _qualified_code(fn, code)
                 if _copy_detectable(code):
                     self.names[_fingerprint(code)] = self.names[id(code)]

@@ -225,6 +225,7 @@ def test_the_next_grade_cleans_up_after_a_grader_whose_watchdog_died_too(tmp_pat
     folder, and leaves a live grader's folder alone."""
     import tempfile
 
+    from distlab.core.processes import started_at
     from distlab.grading.run import OWNER_FILE, SCRATCH_PREFIX, TOKEN_VAR, clean_abandoned_runs
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -239,8 +240,7 @@ def test_the_next_grade_cleans_up_after_a_grader_whose_watchdog_died_too(tmp_pat
     (abandoned / OWNER_FILE).write_text(f"{dead.pid} 1 {token}")
     live = tmp_path / (SCRATCH_PREFIX + "live")
     live.mkdir()
-    started = (Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split())[19]
-    (live / OWNER_FILE).write_text(f"{os.getpid()} {started} {uuid.uuid4().hex}")
+    (live / OWNER_FILE).write_text(f"{os.getpid()} {started_at(os.getpid())} {uuid.uuid4().hex}")
     assert clean_abandoned_runs() == [str(abandoned)]
     left.wait(timeout=60)
     assert _alive_with(mark) == [] and not abandoned.exists() and live.exists()

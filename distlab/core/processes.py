@@ -61,6 +61,30 @@ def parents() -> dict[int, int]:
     return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"])}
 
 
+def started_at(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot ("-" where ``/proc`` has no
+    answer, the process included): with the pid, it tells a process from a later one that
+    was given the same pid."""
+    try:
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "-"
+
+
+def is_running(pid: int, started: str) -> bool:
+    """Whether the process that :func:`started_at` described as ``started`` still runs
+    (without ``/proc``: whether any process has that pid)."""
+    if started != "-":
+        return started_at(pid) == started
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below ``pid`` in the process tree."""
     children: dict[int, list[int]] = {}

@@ -43,7 +43,14 @@ import threading
 import uuid
 from pathlib import Path
 
-from distlab.core.processes import descendants, end, start_watchdog, tagged
+from distlab.core.processes import (
+    descendants,
+    end,
+    is_running,
+    start_watchdog,
+    started_at,
+    tagged,
+)
 
 TOKEN_VAR = "DISTLAB_GRADE_RUN"
 NBGRADER_MODULE = "distlab.grading.nbgrader_main"  # run as ``python -m NBGRADER_MODULE ARGS``
@@ -174,21 +181,12 @@ def owned_folder(prefix: str, token: str = "-"):
     removed on the way out, by the watchdog of a contained run if this process dies within
     one, else by the next grade (:func:`clean_abandoned_runs`)."""
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
-        (Path(folder) / OWNER_FILE).write_text(f"{os.getpid()} {_started_at(os.getpid())} {token}")
+        (Path(folder) / OWNER_FILE).write_text(f"{os.getpid()} {started_at(os.getpid())} {token}")
         _owned.append(folder)
         try:
             yield folder
         finally:
             _owned.remove(folder)
-
-
-def _started_at(pid: int) -> str:
-    """When process ``pid`` started, in clock ticks since boot ("-" where ``/proc`` has no
-    answer): with the pid, it tells a live owner from a new process given the same pid."""
-    try:
-        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "-"
 
 
 def clean_abandoned_runs() -> list[str]:
@@ -203,23 +201,13 @@ def clean_abandoned_runs() -> list[str]:
                 pid, started, token = (folder / OWNER_FILE).read_text().split()
             except (OSError, ValueError):
                 continue  # being written, or made by a release without owner files
-            if _is_alive(int(pid)) and _started_at(int(pid)) == started:
+            if is_running(int(pid), started):
                 continue
             if token != "-":
                 end(lambda token=token: tagged(TOKEN_VAR, token))
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(str(folder))
     return removed
-
-
-def _is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def nbgrader_env() -> dict[str, str]:

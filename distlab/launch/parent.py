@@ -450,10 +450,10 @@ def _timeout_error(workers: list[_Worker], pending: set[int], timeout: float):
     when they were not all in the same one."""
     stacks = {rank: workers[rank].stack() for rank in sorted(pending)}
     stuck = {rank: where_stuck(stack) for rank, stack in stacks.items()}
-    returned = sorted(r for r, stack in stacks.items() if FINISHED_FRAME in _job_names(stack))
+    collectives = {rank: collective_in(stack) for rank, stack in stacks.items()}
+    returned = sorted(r for r, where in collectives.items() if where == IN_FINAL_BARRIER)
     running = sorted(pending - set(returned))
     finished = sorted(set(range(len(workers))) - set(running))
-    collectives = {rank: collective_in(stack) for rank, stack in stacks.items()}
     lines = [
         f"job timed out after {timeout:g} s; ranks {running} had not finished"
         + (f" (ranks {finished} had)." if finished else "."),
@@ -489,10 +489,6 @@ def _job_frames(stack: str) -> list[tuple[str, str, str]] | None:
     return None
 
 
-def _job_names(stack: str) -> list[str]:
-    return [name for _, _, name in _job_frames(stack) or []]
-
-
 def where_stuck(stack: str, depth: int = 5) -> str:
     """``"recv (file:line) <- execute <- ring_all_reduce <- fn"`` from a faulthandler dump of
     a worker: the thread running the job (the one that came from the worker's
@@ -508,6 +504,9 @@ def where_stuck(stack: str, depth: int = 5) -> str:
     return " <- ".join(chain) + (" <- ..." if len(frames) > depth else "")
 
 
+IN_FINAL_BARRIER = "the end-of-job barrier (its function had returned)"
+
+
 def collective_in(stack: str) -> str:
     """The collective the job's thread was in, from its outermost frame in one:
     ``"distlab's ring_all_reduce"`` (a function of :mod:`distlab.collectives`),
@@ -516,7 +515,7 @@ def collective_in(stack: str) -> str:
     frames = _job_frames(stack) or []
     for path, _, name in reversed(frames):  # outermost first: the call the job made
         if name == FINISHED_FRAME:
-            return "the end-of-job barrier (its function had returned)"
+            return IN_FINAL_BARRIER
         if f"{os.sep}distlab{os.sep}collectives{os.sep}" in path:
             return f"distlab's {name}"
         if path.endswith("distributed_c10d.py"):
@@ -547,9 +546,9 @@ def _return_workers(workers: list[_Worker]) -> None:
     with _pool_lock:
         for worker in workers:
             alive = worker.process.poll() is None
-            started = [p for p in group_members(worker.process.pid) if p != worker.process.pid]
-            started += [worker.tag] if worker.tag in tagged_now else []
-            if len(_idle) < _MAX_IDLE_WORKERS and alive and not started:
+            in_group = [p for p in group_members(worker.process.pid) if p != worker.process.pid]
+            left_running = bool(in_group) or worker.tag in tagged_now
+            if len(_idle) < _MAX_IDLE_WORKERS and alive and not left_running:
                 _idle.append(worker)
             else:
                 worker.kill()

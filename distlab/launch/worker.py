@@ -109,12 +109,8 @@ def _watch_parent(parent_pid: int) -> None:
 def _end_started_processes() -> None:
     """In a worker: kill every other process of its group and every process with its tag
     (what its jobs started, in this session or another)."""
-    me = os.getpid()
-    for pid in group_members(os.getpgrp()):
-        if pid != me:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    end(lambda: tagged(WORKER_TAG_VAR, os.environ[WORKER_TAG_VAR]))
+    tag = os.environ[WORKER_TAG_VAR]
+    end(lambda: set(group_members(os.getpgrp())) | tagged(WORKER_TAG_VAR, tag))  # not itself
 
 
 #: The environment variable that tags every process a worker's jobs start.
