@@ -58,8 +58,8 @@ MUTANTS = {
                 ),
                 (
                     "    algbw = n_bytes / time_s\n",
-                    "    return _algbw(n_bytes, time_s), _busbw(collective, n, n_bytes, time_s)\n"
-                    "    algbw = n_bytes / time_s\n",
+                    ("    return _algbw(n_bytes, time_s), _busbw(collective, n, n_bytes, time_s)\n"
+                    "    algbw = n_bytes / time_s\n"),
                 ),
             ],
         ),
@@ -72,8 +72,8 @@ MUTANTS = {
                 ),
                 (
                     "    algbw = n_bytes / time_s\n",
-                    "    algbw = REFERENCES['algbw'](n_bytes, time_s)\n"
-                    "    return algbw, REFERENCES['busbw'](collective, n, n_bytes, time_s)\n",
+                    ("    algbw = REFERENCES['algbw'](n_bytes, time_s)\n"
+                    "    return algbw, REFERENCES['busbw'](collective, n, n_bytes, time_s)\n"),
                 ),
             ],
         ),

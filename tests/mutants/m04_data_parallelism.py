@@ -22,14 +22,14 @@ MUTANTS = {
             [
                 (
                     "def assign_buckets(",
-                    "import inspect\n\ncopied = dict(vars(reference_buckets))\n"
+                    ("import inspect\n\ncopied = dict(vars(reference_buckets))\n"
                     "exec(inspect.getsource(reference_buckets.assign_buckets), copied)\n\n\n"
-                    "def assign_buckets(",
+                    "def assign_buckets("),
                 ),
                 (
                     "    buckets, current, size = [], [], 0",
-                    "    return copied['assign_buckets'](list(reversed(params)), cap_bytes)\n"
-                    "    buckets, current, size = [], [], 0",
+                    ("    return copied['assign_buckets'](list(reversed(params)), cap_bytes)\n"
+                    "    buckets, current, size = [], [], 0"),
                 ),
             ],
         ),
@@ -38,13 +38,13 @@ MUTANTS = {
             [
                 (
                     "def assign_buckets(",
-                    "import importlib\n\nfresh = importlib.reload(reference_buckets)\n\n\n"
-                    "def assign_buckets(",
+                    ("import importlib\n\nfresh = importlib.reload(reference_buckets)\n\n\n"
+                    "def assign_buckets("),
                 ),
                 (
                     "    buckets, current, size = [], [], 0",
-                    "    return fresh.assign_buckets(list(reversed(params)), cap_bytes)\n"
-                    "    buckets, current, size = [], [], 0",
+                    ("    return fresh.assign_buckets(list(reversed(params)), cap_bytes)\n"
+                    "    buckets, current, size = [], [], 0"),
                 ),
             ],
         ),

@@ -43,8 +43,8 @@ MUTANTS = {
             [
                 (
                     "    idle = [step - sum(e.end - e.start for e in run.entries) for run in rank_runs]",
-                    "    idle = [max(e.end for e in run.entries) - min(e.start for e in run.entries)\n"
-                    "            - sum(e.end - e.start for e in run.entries) for run in rank_runs]",
+                    ("    idle = [max(e.end for e in run.entries) - min(e.start for e in run.entries)\n"
+                    "            - sum(e.end - e.start for e in run.entries) for run in rank_runs]"),
                 )
             ],
         ),
@@ -55,8 +55,8 @@ MUTANTS = {
             [
                 (
                     "    step = max(e.end for e in entries) - min(e.start for e in entries)",
-                    "    first = rank_runs[0].entries\n"
-                    "    step = max(e.end for e in first) - min(e.start for e in first)",
+                    ("    first = rank_runs[0].entries\n"
+                    "    step = max(e.end for e in first) - min(e.start for e in first)"),
                 )
             ],
         ),
@@ -80,8 +80,8 @@ MUTANTS = {
                 ),
                 (
                     "    while (p - 1) / (virtual_stages * m + p - 1) >= target:",
-                    "    name = 'interleaved' if virtual_stages > 1 else '1f1b'\n"
-                    "    while _bubble(p, m, schedule=name, virtual_stages=virtual_stages) >= target:",
+                    ("    name = 'interleaved' if virtual_stages > 1 else '1f1b'\n"
+                    "    while _bubble(p, m, schedule=name, virtual_stages=virtual_stages) >= target:"),
                 ),
             ],
         ),
@@ -90,8 +90,8 @@ MUTANTS = {
             [
                 (
                     "    while (p - 1) / (virtual_stages * m + p - 1) >= target:",
-                    "    name = 'interleaved' if virtual_stages > 1 else '1f1b'\n"
-                    "    while bubble_fraction(p, m, schedule=name, virtual_stages=virtual_stages) >= target:",
+                    ("    name = 'interleaved' if virtual_stages > 1 else '1f1b'\n"
+                    "    while bubble_fraction(p, m, schedule=name, virtual_stages=virtual_stages) >= target:"),
                 )
             ],
         ),

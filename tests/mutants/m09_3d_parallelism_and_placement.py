@@ -17,8 +17,8 @@ MUTANTS = {
                 ),
                 (
                     "    dp = world_size // (tp * pp)\n",
-                    "    dp = world_size // (tp * pp)\n"
-                    "    return _groups(world_size, tp=tp, pp=pp, dp=dp)\n",
+                    ("    dp = world_size // (tp * pp)\n"
+                    "    return _groups(world_size, tp=tp, pp=pp, dp=dp)\n"),
                 ),
             ],
         ),
