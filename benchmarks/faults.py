@@ -35,6 +35,7 @@ from pathlib import Path
 import nbformat
 
 import distlab
+from distlab.core.processes import signal_quietly
 
 SECTIONS = ("launch", "grader", "compose", "checkpoint", "inputs")
 
@@ -276,18 +277,11 @@ def grader_faults() -> None:
             left = _tagged_left(scratch) + alive_with(mark)
             folders = list(scratch.iterdir())
             for pid in left:
-                with_suppress_kill(pid)
+                signal_quietly(pid, signal.SIGKILL)
             outcome = "left running" if left or folders else "clean"
             detail = f"{len(left)} processes, {len(folders)} folders left after 5 s"
             ROWS.append(Row("grader", name, outcome, ended - start, detail))
             print(f"  {'grader':<10} {name:<44} {outcome:<13} {ended - start:7.2f}", flush=True)
-
-
-def with_suppress_kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 # --------------------------------------------------------------- checkpoint ---
