@@ -21,6 +21,8 @@ def int_in(name: str, value: object, low: int, high: int | None = None) -> int:
     nan, inf) or lies outside the range. A whole float (64.0, as JSON and CLIs give) is
     accepted and returned as an int, so callers use the returned value.
     """
+    if type(value) is int and value >= low and (high is None or value <= high):
+        return value  # the common case, first: the planner checks millions of degrees
     bounds = f"in {low}..{high}" if high is not None else f">= {low}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be an integer {bounds}, got {value!r}")
@@ -32,6 +34,8 @@ def int_in(name: str, value: object, low: int, high: int | None = None) -> int:
 
 def positive_int(name: str, value: object) -> int:
     """``value`` as an int >= 1 (:func:`int_in`'s rule)."""
+    if type(value) is int and value >= 1:
+        return value  # the common case, without the call: the planner checks millions
     return int_in(name, value, 1)
 
 

@@ -23,8 +23,10 @@ The conversation, one JSON message per packet over a socket pair:
   :func:`distlab.launch.worker._watch_parent`).
 
 The starter never runs torch code, so it holds no state a fork could copy half-way.
-Once it has been idle for half a second it also imports ``torch._dynamo``: building a
-first optimizer loads it, about 2 s of CPU that every fresh worker would otherwise pay.
+Before its first fork it also imports ``torch._dynamo``: a torch optimizer's constructor
+loads it, and so does almost every job of the course. That is about 2.3 s of CPU, paid
+once here rather than by every worker forked before it (a four-rank job's first optimizer
+took 7 s on two cores, and so did the first job after every failure).
 """
 
 from __future__ import annotations
@@ -215,8 +217,8 @@ def main(fd: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     import cloudpickle  # noqa: F401  (what a worker unpickles jobs with)
     import torch.distributed  # the import every forked worker shares
+    import torch._dynamo  # noqa: F401  (what every torch optimizer's constructor imports)
 
-    preloaded = False
     while True:
         ready, _, _ = select.select([sock, wake_read], [], [], 0.5)
         if wake_read in ready:
@@ -224,10 +226,6 @@ def main(fd: int) -> None:
         _report_ended(sock)
         if os.getppid() != parent:
             os._exit(0)
-        if not ready and not preloaded:  # idle: load what a job's first optimizer loads
-            import torch._dynamo  # noqa: F401  (about 2 s, once, not in every worker)
-
-            preloaded = True
         if sock not in ready:
             continue
         message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
