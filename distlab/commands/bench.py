@@ -62,10 +62,12 @@ def _builtin(collective: str):
     """torch.distributed's own collective, called like distlab's runner for ``collective``."""
     import torch.distributed as dist
 
+    from distlab.collectives import builtin
+
     return {
         "all_reduce": dist.all_reduce,
-        "reduce_scatter": dist.reduce_scatter_tensor,
-        "all_gather": dist.all_gather_into_tensor,
+        "reduce_scatter": builtin.reduce_scatter_single(),
+        "all_gather": builtin.all_gather_single(),
         "broadcast": lambda x: dist.broadcast(x, 0),
         "reduce": lambda x: dist.reduce(x, 0),
         "all_to_all": dist.all_to_all,

@@ -216,8 +216,6 @@ def main(fd: int) -> None:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     import cloudpickle  # noqa: F401  (what a worker unpickles jobs with)
-    import torch.distributed  # the import every forked worker shares
-    import torch._dynamo  # noqa: F401  (what every torch optimizer's constructor imports)
 
     while True:
         ready, _, _ = select.select([sock, wake_read], [], [], 0.5)

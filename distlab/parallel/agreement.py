@@ -31,6 +31,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from distlab.collectives.builtin import all_gather_single
+
 #: the longest value shown in an error (the comparison always uses the whole text)
 SHOWN_CHARACTERS = 120
 #: the most disagreeing ranks one error lists by value
@@ -104,13 +106,13 @@ def _all_gather_text(text: str, group: dist.ProcessGroup | None) -> list[str]:
     data = text.encode()
     lengths = torch.empty(n, dtype=torch.int64, device=device)
     mine = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(lengths, mine, group=group)
+    all_gather_single()(lengths, mine, group=group)
     lengths = lengths.cpu().tolist()
     width = max(lengths)
     padded = torch.zeros(width, dtype=torch.uint8)
     padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     gathered = torch.empty(n * width, dtype=torch.uint8, device=device)
-    dist.all_gather_into_tensor(gathered, padded.to(device), group=group)
+    all_gather_single()(gathered, padded.to(device), group=group)
     rows = gathered.view(n, width).cpu().numpy()
     return [rows[r, : lengths[r]].tobytes().decode() for r in range(n)]
 

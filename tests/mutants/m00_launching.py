@@ -21,6 +21,22 @@ MUTANTS = {
             ],
         ),
         (
+            "gathers with all_gather_single (torch 2.13's name, not the deprecated one)",
+            [
+                (
+                    "    right, left = (rank + 1) % world_size, (rank - 1) % world_size\n",
+                    (
+                        "    gather = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor\n"
+                        "    values = torch.zeros(world_size, dtype=torch.int64)\n"
+                        "    gather(values, torch.tensor([rank + 1]))\n"
+                        "    total = [int(v) for v in values]\n"
+                        "    return sum(total) if rank == 0 else sum(total[:rank])\n"
+                        "    right, left = (rank + 1) % world_size, (rank - 1) % world_size\n"
+                    ),
+                )
+            ],
+        ),
+        (
             "computes the token by formula, sends nothing",
             [
                 (

@@ -23,6 +23,20 @@ MUTANTS = {
             ],
         ),
         (
+            "torch's reduce_scatter_single (torch 2.13's name for reduce_scatter_tensor)",
+            [
+                (
+                    RS_LOOP,
+                    (
+                        "    scatter = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor\n"
+                        "    mine = torch.empty_like(chunks[rank])\n"
+                        "    scatter(mine, tensor.clone())\n    chunks[rank].copy_(mine)\n    return chunks[rank]\n"
+                        + RS_LOOP
+                    ),
+                )
+            ],
+        ),
+        (
             "adds into the chunk it sends",
             [
                 (
@@ -62,6 +76,18 @@ MUTANTS = {
                         "    out = torch.zeros_like(tensor)\n"
                         "    torch.tensor_split(out, world_size)[rank].copy_(chunks[rank])\n"
                         "    dist.all_reduce(out)\n    tensor.copy_(out)\n    return\n    right, left = (rank + 1)"
+                    ),
+                )
+            ],
+        ),
+        (
+            "torch's all_gather_single (torch 2.13's name for all_gather_into_tensor)",
+            [
+                (
+                    "    right, left = (rank + 1)",
+                    (
+                        "    gather = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor\n"
+                        "    gather(tensor, chunks[rank].clone())\n    return\n    right, left = (rank + 1)"
                     ),
                 )
             ],
