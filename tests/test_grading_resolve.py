@@ -19,7 +19,7 @@ from distlab import grading
 from distlab.grading.resolve import resolve_notebook
 
 ROOT = grading.find_course_root()
-ASSIGNMENT = "00-launching"  # the quickest notebook to grade
+NUMBER, ASSIGNMENT, POINTS = "13", "13-sharded-matmuls-and-overlap", 8  # the quickest to grade
 SOLVED = ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 UNSOLVED = ROOT / "course" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 
@@ -30,7 +30,7 @@ def _copy(source: Path, target: Path) -> Path:
     return target
 
 
-@pytest.mark.parametrize("given", ["00", ASSIGNMENT, f"{ASSIGNMENT}/", f"{ASSIGNMENT}.ipynb"])
+@pytest.mark.parametrize("given", [NUMBER, ASSIGNMENT, f"{ASSIGNMENT}/", f"{ASSIGNMENT}.ipynb"])
 @pytest.mark.parametrize("where", [f"{ASSIGNMENT}.ipynb", f"{ASSIGNMENT}/{ASSIGNMENT}.ipynb"])
 def test_a_name_finds_the_copy_in_the_current_folder(tmp_path, given, where):
     mine = _copy(SOLVED, tmp_path / where)
@@ -43,7 +43,7 @@ def test_a_renamed_copy_is_found_by_its_test_cells(tmp_path):
     mine = _copy(SOLVED, tmp_path / "my attempt.ipynb")
     (tmp_path / "notes.ipynb").write_text("{ not a notebook")  # skipped, not an error
     _copy(ROOT / "course" / "01-memory-anatomy" / "01-memory-anatomy.ipynb", tmp_path / "b.ipynb")
-    assert resolve_notebook("00", cwd=tmp_path).path == mine.resolve()
+    assert resolve_notebook(NUMBER, cwd=tmp_path).path == mine.resolve()
     with pytest.raises(ValueError, match=r"'\.' fits 2 notebooks"):  # a folder: any assignment
         resolve_notebook(".", cwd=tmp_path)
 
@@ -57,7 +57,7 @@ def test_a_folder_is_its_one_course_notebook(tmp_path):
 
 
 def test_without_a_copy_here_the_course_file_is_graded_and_said_so(tmp_path):
-    found = resolve_notebook("00", cwd=tmp_path)
+    found = resolve_notebook(NUMBER, cwd=tmp_path)
     assert found.path == UNSOLVED.resolve()
     assert found.note == f"no copy of it in {tmp_path}: graded the course's own file"
 
@@ -67,11 +67,11 @@ def test_several_candidates_are_refused_and_listed(tmp_path):
     first = _copy(SOLVED, tmp_path / f"{ASSIGNMENT}.ipynb")
     second = _copy(UNSOLVED, tmp_path / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     done = subprocess.run(
-        [sys.executable, "-m", "distlab.cli", "grade", "00"],
+        [sys.executable, "-m", "distlab.cli", "grade", NUMBER],
         cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "'00' fits 2 notebooks" in done.stderr and "Nothing was graded" in done.stderr
+    assert f"'{NUMBER}' fits 2 notebooks" in done.stderr and "Nothing was graded" in done.stderr
     assert str(first.resolve()) in done.stderr and str(second.resolve()) in done.stderr
     assert done.stdout == ""
 
@@ -90,9 +90,9 @@ def _grade(work: Path, given: str) -> subprocess.CompletedProcess:
 def test_grade_a_solved_copy_by_name_from_a_work_folder(tmp_path):
     work = tmp_path / "work"
     mine = _copy(SOLVED, work / f"{ASSIGNMENT}.ipynb")
-    done = _grade(work, "00")
+    done = _grade(work, NUMBER)
     assert done.returncode == 0, done.stdout + done.stderr  # full marks: a script may go on
-    assert done.stdout.startswith(f"{ASSIGNMENT}: 5 / 5 points\n"), done.stdout
+    assert done.stdout.startswith(f"{ASSIGNMENT}: {POINTS} / {POINTS} points\n"), done.stdout
     assert f"graded {mine.resolve()} (modified " in done.stdout
     assert "note:" not in done.stdout and "FAILED" not in done.stdout
 
@@ -104,6 +104,6 @@ def test_grade_an_unsolved_copy_by_relative_path(tmp_path):
     mine = _copy(UNSOLVED, work / "attempts" / "first.ipynb")
     done = _grade(work, "attempts/first.ipynb")
     assert done.returncode == 1, done.stdout + done.stderr  # below full marks
-    assert done.stdout.startswith(f"{ASSIGNMENT}: 0 / 5 points\n"), done.stdout
+    assert done.stdout.startswith(f"{ASSIGNMENT}: 0 / {POINTS} points\n"), done.stdout
     assert f"graded {mine.resolve()} (modified " in done.stdout
     assert list((tmp_path / "tmp").iterdir()) == [], "temporary folders were left"
