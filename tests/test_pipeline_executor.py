@@ -35,7 +35,7 @@ STEPS, LR = 10, 0.05
 # p: [(schedule, m, v)], m sampled from 1..8 so every p sees small and large m
 CASES = {
     2: [("gpipe", 1, 1), ("1f1b", 3, 1), ("interleaved", 4, 2), ("zb_h1", 2, 1)]
-    + [("zb_v", 3, 2), ("dualpipe_v", 4, 2), ("dualpipe", 4, 2)],
+    + [("zb_v", 3, 2), ("zb_v", 2, 2), ("dualpipe_v", 4, 2), ("dualpipe", 4, 2)],
     3: [("gpipe", 4, 1), ("1f1b", 2, 1), ("interleaved", 3, 2), ("zb_h1", 5, 1)]
     + [("zb_h2", 4, 1), ("breadth_first", 3, 2)],
     4: [("gpipe", 6, 1), ("1f1b", 8, 1), ("interleaved", 4, 2), ("zb_h1", 4, 1)]
@@ -171,6 +171,8 @@ def test_in_flight_activations_as_the_schedule_and_papers_say(launched):
         predicted = check(schedule)
         assert tuple(run.peak_in_flight for run in runs) == predicted.peak_in_flight
         first = runs[0]
+        if name == "zb_v" and m < 2 * p - 1:  # runs (torch's order); no closed form
+            continue
         expected = in_flight_micro_batches(p, m, schedule=name, virtual_stages=v)
         assert first.peak_in_flight * schedule.chunk_share == pytest.approx(expected)
         if v == 1 and name != "zb_h2":  # peak = in flight x one micro-batch's bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -271,9 +272,73 @@ def test_v_shaped_schedules_hold_two_chunks_in_a_v(name):
     assert replay(lowered).makespan == replay(plan).makespan
 
 
+_TORCH_KIND = {"FORWARD": "F", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+
+
+def _torch_zb_v_order(p: int, m: int, rank: int) -> list[tuple[int, str, int]]:
+    """(chunk, kind, micro-batch) of rank ``rank`` in torch's ScheduleZBVZeroBubble, from the
+    method that computes it (it reads only these three attributes)."""
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    fake = types.SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p)
+    actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(fake, rank)
+    return [
+        (
+            0 if a.stage_index == rank else 1,
+            _TORCH_KIND[a.computation_type.name],
+            a.microbatch_index,
+        )
+        for a in actions
+        if a is not None
+    ]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+def test_zb_v_is_torchs_order_for_any_number_of_micro_batches(p):
+    """Issue 39: zb_v refused p = 4, m = 4, which torch builds. With m < 2p - 1 it is the
+    order for 2p - 1 without the missing micro-batches, as torch's; it still runs."""
+    for m in range(1, 2 * p + 4):
+        plan = build("zb_v", p, m)
+        for r in range(p):
+            mine = [(a.chunk, a.kind, a.micro_batch) for a in plan.ranks[r]]
+            assert mine == _torch_zb_v_order(p, m, r), (p, m, r)
+        check(plan)  # complete and deadlock-free
+        check(with_communication(plan))
+
+
+def _torch_dualpipe_v_order(p: int, m: int, rank: int) -> list[tuple[int, str, int]]:
+    """Rank ``rank``'s order in torch's ScheduleDualPipeV, each overlapped forward-backward
+    pair (OVERLAP_F_B) written as its forward, then its backward."""
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV
+
+    kinds = {**_TORCH_KIND, "FULL_BACKWARD": "B"}
+
+    def flat(a):
+        if a.computation_type.name == "OVERLAP_F_B":
+            return [x for sub in a.sub_actions for x in flat(sub)]
+        return [
+            (0 if a.stage_index == rank else 1, kinds[a.computation_type.name], a.microbatch_index)
+        ]
+
+    fake = types.SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p)
+    actions = ScheduleDualPipeV._calculate_single_rank_operations(fake, rank)
+    return [x for a in actions if a is not None for x in flat(a)]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+def test_dualpipe_v_is_torchs_order(p):
+    """distlab's DualPipeV runs torch's ScheduleDualPipeV's order (overlapped pairs one after
+    the other) and, as torch, needs m >= 2p."""
+    for m in range(2 * p, 2 * p + 5):
+        plan = build("dualpipe_v", p, m)
+        for r in range(p):
+            mine = [(a.chunk, a.kind, a.micro_batch) for a in plan.ranks[r]]
+            assert mine == _torch_dualpipe_v_order(p, m, r), (p, m, r)
+
+
 def test_new_schedules_name_what_they_cannot_do():
     with pytest.raises(ValueError, match=r"ZB-V needs micro_batches >= 2 \* stages - 1 = 7"):
-        build("zb_v", 4, 6)
+        bubble_fraction(4, 6, schedule="zb_v")  # the closed form; build("zb_v", 4, 6) runs
     with pytest.raises(ValueError, match=r"DualPipeV needs micro_batches >= 2 \* stages = 8"):
         build("dualpipe_v", 4, 7)
     with pytest.raises(

@@ -432,17 +432,29 @@ def zb_v(stages: int, micro_batches: int) -> Schedule:
        I's left each followed by one of its W's, then every W left.
 
     Rank 0 holds at most 2p chunk activations of L/(2p) layers each: p
-    micro-batches' worth of its layers, as 1F1B. Needs m >= 2p - 1 (the
-    first rank's warm-up alone runs 2p - 1 forwards).
+    micro-batches' worth of its layers, as 1F1B.
+
+    Any m >= 1: the first rank's warm-up alone runs 2p - 1 forwards, so with fewer
+    micro-batches the order is built for 2p - 1 and the actions of the ones that do not
+    exist are dropped (what torch's ``ScheduleZBVZeroBubble`` does; the order equals its
+    for every m). Dropping them keeps the order runnable: a real micro-batch never waits
+    on a missing one. The ranks then idle where the missing work would have run, so the
+    bubble closed forms of :mod:`distlab.calc.pipeline` need m >= 2p - 1 (replay the
+    schedule for fewer).
     """
     p, m, _ = check_size(stages, micro_batches)
-    return _v_schedule("zb_v", p, m, _zb_v_rank)
+    built = max(m, 2 * p - 1)
+    ranks = tuple(tuple(a for a in _zb_v_rank(p, built, r) if a.micro_batch < m) for r in range(p))
+    return Schedule(ranks, 2, "zb_v", micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v"))
 
 
 def check_v_shape(name: str, stages: int, micro_batches: int) -> None:
-    """``ValueError`` unless the V-shaped schedule ``name`` can be built with these sizes
-    (ZB-V: m >= 2p - 1; DualPipeV: m >= 2p; DualPipe: an even p and an even m >= 2p),
-    without building it: the closed forms of :mod:`distlab.calc.pipeline` ask it for any size."""
+    """``ValueError`` unless the V-shaped schedule ``name`` with these sizes has the shape
+    its closed forms assume (ZB-V: m >= 2p - 1, the first rank's warm-up; DualPipeV:
+    m >= 2p, which is also the least it can be built with, as in torch's
+    ``ScheduleDualPipeV``; DualPipe: an even p and an even m >= 2p), without building it:
+    the closed forms of :mod:`distlab.calc.pipeline` ask it for any size. ZB-V itself
+    builds with any m (:func:`zb_v`)."""
     p, m = positive_int("stages", stages), positive_int("micro_batches", micro_batches)
     if name == "dualpipe":
         if p % 2 or m % 2 or m < 2 * p:
@@ -456,8 +468,14 @@ def check_v_shape(name: str, stages: int, micro_batches: int) -> None:
         "dualpipe_v": ("DualPipeV", 2 * p, "2 * stages"),
     }[name]
     if m < least:
+        fewer = (
+            " for its closed forms (zb_v itself builds with fewer: replay it for their bubble)"
+            if name == "zb_v"
+            else ""
+        )
         raise ValueError(
-            f"{label} needs micro_batches >= {reads} = {least}; got micro_batches={m}, stages={p}"
+            f"{label} needs micro_batches >= {reads} = {least}{fewer}; got "
+            f"micro_batches={m}, stages={p}"
         )
 
 
@@ -503,9 +521,10 @@ def _zb_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
 
 
 def dualpipe_v(stages: int, micro_batches: int) -> Schedule:
-    """DualPipeV (DeepSeek-AI 2024, DeepSeek-V3 report Section 3.2.1; the "V" variant
-    of its open-source DualPipe): DualPipe cut in half and folded into a V, so
-    each rank keeps one copy of the weights.
+    """DualPipeV: DualPipe (DeepSeek-V3 report, Section 3.2.1) cut in half and folded
+    into a V, so each rank keeps one copy of the weights. DeepSeek's DualPipe repository
+    (its README) credits this "cut-in-half" variant to a Sea AI Lab blog post; it is not
+    in the V3 report.
 
     Same stage mapping as :func:`zb_v` (rank r: stages r and 2p - 1 - r).
     Rank r's order, in eight phases (B is a whole backward; an I whose W is
