@@ -178,16 +178,20 @@ class CausalSelfAttention(nn.Module):
         )
 
     def _split(self, t: torch.Tensor) -> torch.Tensor:
+        """(b, s, heads * d) -> (b, heads, s, d). The head count comes from the projection's
+        output, not from ``self.heads``: under tensor parallelism (torch's
+        ``parallelize_module`` with q, k, v column-parallel) a rank's projection gives it
+        heads / t heads, and the same forward then runs them, as production models do."""
         b, s, _ = t.shape
-        return t.view(b, s, self.heads, self.head_dim).transpose(1, 2)  # (b, a, s, d)
+        return t.view(b, s, -1, self.head_dim).transpose(1, 2)  # (b, a, s, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
+        b, s, _ = x.shape
         q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         scores = scores + self.mask[:s, :s].to(scores.dtype)
         probs = dropout(scores.softmax(dim=-1), self.dropout, self.training)
-        out = (probs @ v).transpose(1, 2).reshape(b, s, h)
+        out = (probs @ v).transpose(1, 2).reshape(b, s, -1)  # this rank's heads, side by side
         return dropout(self.proj(out), self.dropout, self.training)
 
 

@@ -34,6 +34,7 @@ import torch
 import distlab
 
 HIDDEN, BATCH, SEQ = 16, 2, 8  # SEQ divisible by t = 2 and 4 (sequence parallelism)
+ATTENTION_HEADS = 4  # divisible by t = 2 and 4
 EPS = torch.finfo(torch.float32).eps
 
 
@@ -200,6 +201,55 @@ def _sequence_parallel(rank, world_size, dense, x, grad_z, mesh):
     }
 
 
+def _attention(rank, world_size, mesh):
+    """distlab's CausalSelfAttention under torch's parallelize_module (q, k, v column-, proj
+    row-parallel, its own forward unchanged: it takes the head count from the projections)
+    beside distlab's ParallelSelfAttention and the dense module (issue 39)."""
+    import copy
+
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from distlab.models import CausalSelfAttention
+    from distlab.parallel.tensor import ParallelSelfAttention, TensorParallelComm
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        dense = CausalSelfAttention(HIDDEN, ATTENTION_HEADS, 0.0, SEQ)
+        x, grad_z = torch.randn(BATCH, SEQ, HIDDEN), torch.randn(BATCH, SEQ, HIDDEN)
+    x_dense = x.clone().requires_grad_()
+    z_dense = dense(x_dense)
+    z_dense.backward(grad_z)
+
+    comm = TensorParallelComm(algorithm="builtin")
+    ours = ParallelSelfAttention(dense, comm)
+    x_ours = x.clone().requires_grad_()
+    z_ours = ours(x_ours)
+    z_ours.backward(grad_z)
+
+    plan = {n: ColwiseParallel() for n in ("q", "k", "v")} | {"proj": RowwiseParallel()}
+    theirs = parallelize_module(copy.deepcopy(dense), mesh, plan)
+    x_theirs = x.clone().requires_grad_()
+    with CommDebugMode() as forward:
+        z_theirs = theirs(x_theirs)
+    with CommDebugMode() as backward:
+        z_theirs.backward(grad_z)
+    z_theirs = z_theirs.detach().clone()
+    return {
+        "local_q": theirs.q.weight.to_local().shape[0],
+        "gap_torch": (z_theirs - z_dense).abs().max().item(),
+        "gap_ours": (z_ours - z_dense).abs().max().item(),
+        "x_grad_gap": (x_theirs.grad - x_dense.grad).abs().max().item(),
+        "x_grad_ours_gap": (x_ours.grad - x_dense.grad).abs().max().item(),
+        "torch": {"forward": _torch_counts(forward), "backward": _torch_counts(backward)},
+        "distlab": {p: _distlab_counts(comm, p) for p in ("forward", "backward")},
+    }
+
+
 def _side_by_side(rank, world_size, mistakes=(None,)):
     torch.set_num_threads(1)
     from torch.distributed.device_mesh import init_device_mesh
@@ -215,6 +265,7 @@ def _side_by_side(rank, world_size, mistakes=(None,)):
     out["zero bias"] = _tensor_parallel(rank, world_size, dense.mlp, x, grad_z, mesh, None)
     if mistakes == (None,):
         out["sp"] = _sequence_parallel(rank, world_size, *_dense_and_inputs(), mesh)
+        out["attention"] = _attention(rank, world_size, mesh)
     return out
 
 
@@ -292,3 +343,21 @@ def test_the_comparison_catches_a_broken_row_parallel_layer():
             assert _output_problems(res[mistake]), f"rank {rank}: {mistake} not caught"
         # without its all-reduce the layer also runs no collective forward
         assert res["no all-reduce"]["distlab"]["forward"] == {}
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_torch_shards_distlabs_attention_with_its_own_forward(t):
+    """torch's parallelize_module runs distlab's attention unchanged on heads/t heads per rank
+    (it raised "shape '[2, 8, 4, 4]' is invalid" while the forward reshaped to the full
+    hidden size), with the dense module's output and input gradient up to rounding, as
+    distlab's ParallelSelfAttention. Both all-reduce once forward; backward, distlab sums the
+    three projections' input gradients before its one all-reduce, torch reduces each
+    column-parallel projection's own (three)."""
+    for rank, per_rank in enumerate(_run(t)):
+        res = per_rank["attention"]
+        assert res["local_q"] == HIDDEN // t, (t, rank)
+        for gap in ("gap_torch", "gap_ours", "x_grad_gap", "x_grad_ours_gap"):
+            assert res[gap] < 1e-5, (t, rank, gap, res[gap])
+        assert res["torch"]["forward"] == res["distlab"]["forward"] == {"all_reduce": 1}
+        assert res["distlab"]["backward"] == {"all_reduce": 1}
+        assert res["torch"]["backward"] == {"all_reduce": 3}
