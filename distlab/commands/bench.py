@@ -23,6 +23,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from distlab.collectives import builtin
 from distlab.core.checks import positive_int
 from distlab.core.units import format_size, size_range
 from distlab.launch import run
@@ -61,8 +62,6 @@ def _iterations(size: int) -> int:
 def _builtin(collective: str):
     """torch.distributed's own collective, called like distlab's runner for ``collective``."""
     import torch.distributed as dist
-
-    from distlab.collectives import builtin
 
     return {
         "all_reduce": dist.all_reduce,
