@@ -8,7 +8,9 @@
   restored generators). Not dropout with tp = 2: ``parallelize`` gives the blocks no
   RNG tracker, so each tp rank drops other elements of the replicated activations
   and the replicated parameters (LayerNorms, biases) drift apart between tp ranks;
-  a checkpoint keeps one copy of them.
+  a checkpoint keeps one copy of them. And three more, bit for bit: MoE experts over
+  ep (TP2 x EP2 x PP2 x DP2), FSDP (ZeRO-3 over dp) and an interleaved pipeline with
+  sequence parallelism (two model chunks per rank).
 * **Another layout**: the checkpoint of TP2 x PP2 x DP2 resumed as TP1 x PP2 x DP4,
   and the checkpoint of TP1 x PP2 x DP4 as TP2 x PP2 x DP2, each continues equal
   (rtol 1e-5: the pieces add in another order) to the uninterrupted run.
@@ -38,21 +40,42 @@ TP1_PP2_DP4 = Layout(pp=2, dp=4, micro_batches=2)
 ZERO1 = TP1_PP2_DP4.with_(zero_stage=1)
 
 
-def _train(rank, world_size, layout, config, optimizer, lr, steps, options):
+UNTIED = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=4, tie_embeddings=False)
+# issue 39: the layouts whose checkpoints were checked by hand only (as in tests/test_compose.py)
+MORE_LAYOUTS = {
+    "tp2_ep2_pp2_dp2": (Layout(tp=2, ep=2, pp=2, dp=2, micro_batches=2), CONFIG, 1.25),
+    "tp2_pp2_dp2_fsdp": (Layout(tp=2, pp=2, dp=2, zero_stage=3, micro_batches=2), UNTIED, None),
+    "tp2sp_pp2_dp2_interleaved": (
+        Layout(tp=2, pp=2, dp=2, sequence_parallel=True, virtual_stages=2, micro_batches=2),
+        CONFIG,
+        None,
+    ),
+}
+
+
+def _train(rank, world_size, layout, config, optimizer, lr, steps, options, capacity=None):
     torch.set_num_threads(1)
     torch.manual_seed(rank)  # the dropout masks of an uninterrupted run, the same every time
     from distlab.models import GPT, gpt_batch
     from distlab.parallel.compose import train
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
-    model = GPT(config, seed=0)
+    if capacity is None:
+        model = GPT(config, seed=0)
+    else:  # MoE blocks, experts over ep
+        from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
+
+        model = MoEGPT(config, MoEConfig(num_experts=4, capacity_factor=capacity), seed=0)
     return train(model, layout, tokens, targets, steps=steps, lr=lr, optimizer=optimizer, **options)
 
 
-def launch(layout, steps, *, config=CONFIG, optimizer="sgd_momentum", lr=LR, **options):
-    """``train`` on 8 processes; ``options``: save_to/save_after/resume_from (as str)."""
+def launch(
+    layout, steps, *, config=CONFIG, optimizer="sgd_momentum", lr=LR, capacity=None, **options
+):
+    """``train`` on 8 processes; ``options``: save_to/save_after/resume_from (as str);
+    ``capacity``: an MoE model with this capacity factor."""
     options = {k: str(v) if k != "save_after" else v for k, v in options.items()}
-    args = (layout, config, optimizer, lr, steps, options)
+    args = (layout, config, optimizer, lr, steps, options, capacity)
     return distlab.run(_train, layout.world_size, args=args, timeout=600)
 
 
@@ -120,6 +143,18 @@ def test_resume_in_another_layout_continues_the_run(saved, source, target):
     assert_same_run(resumed, saved[target][1], exact=False, what=f"{source} -> {target}")
     source_losses = losses(saved[source][1])[SAVE_AFTER:]
     assert losses(resumed) == pytest.approx(source_losses, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MORE_LAYOUTS))
+def test_resume_ep_fsdp_and_interleaved_layouts_bit_exact(name, tmp_path):
+    """MoE experts over ep, FSDP's flat shards, two model chunks per pipeline rank: saved
+    after step 3 and resumed, each continues bit for bit."""
+    layout, config, capacity = MORE_LAYOUTS[name]
+    kw = {"config": config, "capacity": capacity}
+    uninterrupted = launch(layout, STEPS, save_to=tmp_path, save_after=SAVE_AFTER, **kw)
+    resumed = launch(layout, STEPS - SAVE_AFTER, resume_from=tmp_path, **kw)
+    assert_same_run(resumed, uninterrupted, exact=True, what=layout.label())
 
 
 @pytest.mark.slow
