@@ -17,7 +17,8 @@ It prints, per side, size and rank count, the median over repeats of the slowest
 rank's wall time (first interval to last of its timeline) and of the largest exposed
 communication (:func:`exposed_communication_seconds`) of any rank; the first repeat
 warms up and is dropped. Then the roofline: :func:`distlab.calc.tp_roofline.max_useful_tp`
-on an H100 over NVLink 4 and InfiniBand NDR (peak FLOP/s, micro-batch 1), and the
+on an H100 over NVLink 4 and InfiniBand NDR (peak FLOP/s, micro-batch 1, the forward and
+backward passes counted: the library's default ``passes="forward_backward"``), and the
 bandwidth-only bound, for a few model presets.
 
 Timings on a shared CPU are noisy, and on a CPU the "overlap" only helps while a core
@@ -98,7 +99,8 @@ def _roofline_table(models: list[str]) -> str:
     peak = tp_roofline.H100_PEAK_FLOPS
     title = (
         f"TP roofline on an H100 ({peak / 1e12:.0f} TFLOP/s peak, micro-batch 1): the largest t "
-        "whose layer compute covers its TP communication (bandwidth-only bound in brackets)"
+        "whose layer compute covers its TP communication, forward + backward (bandwidth-only "
+        "bound in brackets)"
     )
     lines = [
         title,

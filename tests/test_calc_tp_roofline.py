@@ -72,6 +72,83 @@ def test_h100_nvlink_covers_a_node_and_infiniband_barely_two():
     assert r.H100_LINKS == {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
 
 
+def test_forward_only_counts_the_forward_third_and_its_two_all_reduces():
+    both = r.tp_layer_time(GPT, tp=4, link=NVLINK4, peak_flops=1e15, micro_batch=2)
+    forward = r.tp_layer_time(
+        GPT, tp=4, link=NVLINK4, peak_flops=1e15, micro_batch=2, passes="forward"
+    )
+    assert (both.passes, forward.passes) == ("forward_backward", "forward")
+    # the forward is 2P + 4 s h of the 6P + 12 s h; two of the four all-reduces
+    per_token = 2 * GPT.params_per_layer + 4 * 2048 * 8192
+    assert forward.flops == pytest.approx(per_token * 2 * 2048 / 4)
+    assert forward.flops == pytest.approx(both.flops / 3)
+    volume = tensor_parallel_comm(seq_len=2048, micro_batch=2, hidden=8192, layers=1, tp=4)
+    (part,) = r.tp_volume(seq_len=2048, micro_batch=2, hidden=8192, tp=4, passes="forward").parts
+    assert part == volume.parts[0] and part.what == "forward all-reduce" and part.count == 2
+    assert forward.comm_bytes == volume.total / 2
+    assert forward.comm_s == pytest.approx(volume.time_on(NVLINK4) / 2)
+    assert r.tp_bytes_per_token(8192, passes="forward") == 4 * 8192 * 2
+    sp = r.tp_volume(
+        seq_len=2048, micro_batch=2, hidden=8192, tp=4, passes="forward", sequence_parallel=True
+    )
+    assert sp.total == forward.comm_bytes and sp.messages == part.messages
+
+
+def test_forward_only_closed_form_and_the_sources_f_w_over_c():
+    h, s, w, c = 8192, 2048, 450e9, r.H100_PEAK_FLOPS
+    forward = r.bandwidth_bound_tp(GPT, bandwidth=w, peak_flops=c, passes="forward")
+    both = r.bandwidth_bound_tp(GPT, bandwidth=w, peak_flops=c)
+    p = GPT.params_per_layer
+    assert forward == pytest.approx(1 + (2 * p + 4 * s * h) * w / (4 * h * 2 * c))
+    assert both == pytest.approx(1 + (6 * p + 12 * s * h) * w / (8 * h * 2 * c))
+    found = r.max_useful_tp(GPT, link=NO_LATENCY, peak_flops=c, passes="forward")
+    assert found == math.floor(forward)
+    # Austin et al.'s Y < F W / C (one MLP's forward, bf16), and the two factors around it
+    rule = r.mlp_forward_tp_bound(GPT, bandwidth=w, peak_flops=c)
+    assert rule == pytest.approx(4 * h * w / c)
+    assert r.mlp_forward_tp_bound(GPT, bandwidth=w, peak_flops=c, bytes_per_element=1) == 2 * rule
+    assert (forward - 1) / rule == pytest.approx(3 / 4, rel=0.05)  # + attention's all-reduce
+    assert (both - 1) / rule == pytest.approx(9 / 8, rel=0.05)  # x 3/2 for the backward
+    assert (both - 1) / (forward - 1) == pytest.approx(3 / 2)
+
+
+def test_the_h100_numbers_the_course_quotes():
+    """The module docstring, notebook 13 and the sharding-overlap cards quote these."""
+    peak = r.H100_PEAK_FLOPS
+
+    def bounds(model, passes):
+        return {
+            name: round(
+                r.bandwidth_bound_tp(
+                    model, bandwidth=link.bandwidth, peak_flops=peak, passes=passes
+                ),
+                2,
+            )
+            for name, link in r.H100_LINKS.items()
+        }
+
+    assert bounds("70B", "forward_backward") == {"NVLink 4": 20.22, "InfiniBand NDR": 3.14}
+    assert bounds("70B", "forward") == {"NVLink 4": 13.81, "InfiniBand NDR": 2.42}
+    assert bounds("175B", "forward_backward") == {"NVLink 4": 26.86, "InfiniBand NDR": 3.87}
+    assert bounds("175B", "forward") == {"NVLink 4": 18.24, "InfiniBand NDR": 2.92}
+    useful = {
+        (model, passes): tuple(r.max_useful_tp_on_h100(model, passes=passes).values())
+        for model in ("7B", "70B", "175B")
+        for passes in r.PASSES
+    }
+    assert useful == {
+        ("7B", "forward_backward"): (8, 2),
+        ("7B", "forward"): (6, 1),  # forward only, no TP pays across nodes
+        ("70B", "forward_backward"): (16, 3),
+        ("70B", "forward"): (12, 2),
+        ("175B", "forward_backward"): (20, 3),
+        ("175B", "forward"): (14, 2),
+    }
+    # t = 16 or 20 "over NVLink" leaves a DGX H100's NVLink domain; 70B's KV heads cap t at 8
+    assert preset("dgx-h100").nvlink_domain_gpus == 8
+    assert model_preset("70B").kv_heads == 8
+
+
 @pytest.mark.parametrize(("model", "nodes", "batch"), [("7B", 2, 256), ("70B", 8, 1024)])
 def test_planner_tp_stays_within_max_useful_tp(model, nodes, batch):
     cluster = preset("dgx-h100", nodes=nodes)
@@ -134,4 +211,6 @@ def test_bad_values_are_named():
         r.tp_fsdp_batch_bound(GPT, tp=1)
     with pytest.raises(TypeError, match="ModelSpec"):
         r.layer_flops_per_token(42)
+    with pytest.raises(ValueError, match="passes 'backward'.*'forward_backward', 'forward'"):
+        r.max_useful_tp(GPT, link=NVLINK4, peak_flops=1e15, passes="backward")
     assert r.layer_flops_per_token("70B") == r.layer_flops_per_token(model_preset("70B"))

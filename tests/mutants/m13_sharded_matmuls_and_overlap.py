@@ -2,9 +2,9 @@
 
 ASSIGNMENT = "13-sharded-matmuls-and-overlap"
 
-_GATHER = "    gather_first = (n - 1) / n * i * j * bytes_per_element"
+_GATHER = "    gather_first = (n - 1) / n * j * k * bytes_per_element  # all-gather B (J x K)"
 _FACTOR = "    reduce_factor = 1 if keep_sharded else 2  # reduce-scatter, or all-reduce"
-_REDUCE = "    reduce_after = reduce_factor * (n - 1) / n * i * k * bytes_per_element"
+_REDUCE = "    reduce_after = reduce_factor * (n - 1) / n * i * k * bytes_per_element  # C (I x K)"
 _ALL_REDUCE = (
     '    if out == "C[I, K]":\n'
     "        total = c_partial.clone()\n"
@@ -25,6 +25,10 @@ _GATHER_C = '    return [("all_gather", "C" if elements["C"] < elements[operand]
 MUTANTS = {
     "gather-or-reduce": [
         (
+            "copies case 2's formula: gathers A (I J), the operand that is whole here",
+            [(_GATHER, "    gather_first = (n - 1) / n * i * j * bytes_per_element")],
+        ),
+        (
             "reduce after is always an all-reduce",
             [(_FACTOR, "    reduce_factor = 2")],
         ),
@@ -36,17 +40,21 @@ MUTANTS = {
             ],
         ),
         (
-            "gather first counts the block a rank already holds (I J / n)",
-            [(_GATHER, "    gather_first = (n - 1) / n * i * j / n * bytes_per_element")],
+            "gather first counts the block a rank already holds (J K / n)",
+            [(_GATHER, "    gather_first = (n - 1) / n * j * k / n * bytes_per_element")],
         ),
         (
-            "reduce after sends A's size, not C's",
+            "reduce after sends the weight's size (J K), not C's",
             [
                 (
                     _REDUCE,
-                    "    reduce_after = reduce_factor * (n - 1) / n * i * j * bytes_per_element",
+                    "    reduce_after = reduce_factor * (n - 1) / n * j * k * bytes_per_element",
                 )
             ],
+        ),
+        (
+            "gather first counted as an all-reduce (twice the bytes)",
+            [(_GATHER, "    gather_first = 2 * (n - 1) / n * j * k * bytes_per_element")],
         ),
         (
             "calls the library's CommPart",
@@ -54,7 +62,7 @@ MUTANTS = {
                 (
                     _GATHER,
                     (
-                        '    gather_first = CommPart("A", "all_gather", n, i * j * bytes_per_element)'
+                        '    gather_first = CommPart("B", "all_gather", n, j * k * bytes_per_element)'
                         ".bytes_sent"
                     ),
                 )
