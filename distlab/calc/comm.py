@@ -257,15 +257,20 @@ def context_parallel_comm(
     micro_batches: int = 1,
     bytes_per_element: int = 2,
 ) -> CommVolume:
-    """Ring attention's point-to-point traffic for ``layers`` layers over ``cp`` ranks.
+    """Ring attention's point-to-point traffic for ``layers`` layers over ``cp`` ranks,
+    for a fused ring that keeps only its own K/V block for backward.
 
     ``seq_len`` is the tokens one rank holds (the sequence divided by cp). Each
     layer passes its K and V blocks (``2 b s h`` elements; full multi-head K and V,
     no grouped-query sharing) to the next rank of the ring ``cp - 1`` times in the
     forward; the backward passes them round again and sends their gradients home,
-    ``cp - 1`` messages each (Liu et al. 2023, "Ring Attention with Blockwise
-    Transformers"; :mod:`distlab.parallel.context`). Per step: ``micro_batches`` x
-    ``layers`` x those, ``3 (cp-1)`` messages per layer and micro-batch.
+    ``cp - 1`` messages each, as the released code of Liu et al. 2023 ("Ring
+    Attention with Blockwise Transformers") does, which holds two K/V blocks at a
+    time. Per step: ``micro_batches`` x ``layers`` x those, ``3 (cp-1)`` messages
+    per layer and micro-batch. distlab's :mod:`distlab.parallel.context` ring
+    keeps every block it receives for backward (autograd) and sends only the first
+    and third parts, the bytes of :func:`context_parallel_gather_comm`
+    (:func:`distlab.calc.layout_comm.context_parts` leaves the second out).
     """
     c = positive_int("cp", cp)
     if c == 1:

@@ -37,7 +37,9 @@ check each against the replay):
   p + 1/2 (DualPipeV) micro-batches' activations on the first rank. The
   DeepSeek-V3 report's own count for DualPipe (Table 2), which the DualPipe
   repository gives for DualPipeV too, (PP/2 - 1)(F&B + B - 3W)
-  (:func:`dualpipe_bubble_time`), assumes sends that leave in batches.
+  (:func:`dualpipe_bubble_time`), is twice the replay's idle time; DeepSeek's
+  code posts a chunk's sends with the next chunk's receives in one
+  ``batch_isend_irecv`` and waits on it before computing.
 * DualPipe (DeepSeek-AI 2024): two copies of the model, micro-batches entering
   from both ends; each rank runs a whole stage of each copy, so the staggered
   ends cost as for the V but over p - 2 ranks' worth: (p-2)/(6m + p - 2) of the
@@ -118,7 +120,7 @@ def bubble_fraction(
     an ideal 3 m T_F: (p-1)/(6m) of the ideal, (p-1)/(6m + p - 1) of the step.
     ``"dualpipe"`` at T_F = T_I = T_W: (p-2) T_F / 2 per rank, (p-2)/(6m) of the
     ideal and (p-2)/(6m + p - 2) of the step (the replay's count; DeepSeek's table,
-    :func:`dualpipe_bubble_time`, counts batched sends).
+    :func:`dualpipe_bubble_time`, counts twice that idle time).
     ``"breadth_first"``: as ``"interleaved"`` with v = ``virtual_stages``.
     """
     p, m, v = _check(stages, micro_batches, schedule, virtual_stages)
@@ -225,9 +227,11 @@ def dualpipe_bubble_time(
     DualPipeV's as DeepSeek's DualPipe repository does (the same expression): (PP/2 - 1)(F&B + B - 3W), PP the number of pipeline
     stages, F&B (``overlapped_time``) one forward chunk overlapped with one backward
     chunk, B a whole backward chunk, W its weight part. With F&B = F + B (no overlap,
-    as on this course's executor) and F = B/2 = W this is (PP/2 - 1) 2 F; the
-    report's sends leave in batches, one batch per phase; :func:`distlab.sim.pipeline_replay.replay`
-    sends each message as soon as it is made and finds a smaller bubble."""
+    as on this course's executor) and F = B/2 = W this is (PP/2 - 1) 2 F, twice the
+    idle time :func:`distlab.sim.pipeline_replay.replay` finds, sending each message
+    as soon as it is made. DeepSeek's code (``dualpipe/dualpipev.py``,
+    ``_commit_and_wait_comm``) posts a chunk's sends together with the receives of
+    the rank's next chunk in one ``batch_isend_irecv`` and waits on it before computing."""
     pp = positive_int("stages", stages)
     f_and_b = positive("overlapped_time", overlapped_time)
     b, w = positive("backward_time", backward_time), positive("weight_grad_time", weight_grad_time)

@@ -527,8 +527,10 @@ def dualpipe_v(stages: int, micro_batches: int) -> Schedule:
     in the V3 report.
 
     Same stage mapping as :func:`zb_v` (rank r: stages r and 2p - 1 - r).
-    Rank r's order, in eight phases (B is a whole backward; an I whose W is
-    "held" pushes that W onto a queue, and each W takes the oldest):
+    Rank r's order, in eight phases, the numbered "steps" of DeepSeek's code
+    (``dualpipe/dualpipev.py``, where ``phase`` means a direction); B is a whole
+    backward; an I whose W is "held" pushes that W onto a queue, and each W takes
+    the oldest:
 
     1. 2(p - r - 1) forwards of chunk 0;
     2. r + 1 pairs: forward chunk 0, forward chunk 1;

@@ -11,11 +11,16 @@ its own tokens (the adjoint of an all-gather).
 
 Against ring attention (:class:`~distlab.parallel.context.Ring`), per layer:
 
-* bytes: the same. A ring all-gather of N blocks sends N-1 blocks, as the ring
-  does hop by hop; the reduce-scatter sends N-1 gradient blocks, as the
-  ring's backward does (:func:`distlab.calc.comm.context_parallel_gather_comm`);
-* memory: the gather holds all N K/V blocks at once, the ring two (the block
-  in hand and the one arriving): :func:`distlab.calc.comm.context_parallel_kv_bytes`;
+* bytes: the same as distlab's ring, which keeps every K/V block for backward.
+  A ring all-gather of N blocks sends N-1 blocks, as the ring does hop by hop;
+  the reduce-scatter sends N-1 gradient blocks, as the ring's backward does
+  (:func:`distlab.calc.comm.context_parallel_gather_comm`). A fused ring that
+  keeps only two blocks passes K/V round again in backward: half as much again
+  (:func:`distlab.calc.comm.context_parallel_comm`);
+* memory while attention runs forward: the gather holds all N K/V blocks at
+  once, the ring two (the block in hand and the one arriving):
+  :func:`distlab.calc.comm.context_parallel_kv_bytes`. Saved for backward,
+  distlab's ring keeps all N as well; a fused ring kernel keeps its own block;
 * overlap: the ring's p2p messages hide behind each block's attention; the
   gather is one collective before any attention, exposed unless it is
   prefetched;
