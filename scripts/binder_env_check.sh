@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Binder environment from binder/ in a fresh virtual environment and run
-# notebook 00 in it, as a stand-in for repo2docker (which cannot run here).
+# notebook 00 in it, then grades notebook 13 from a work folder (a solved copy full marks,
+# the released copy zero), as a stand-in for repo2docker (which cannot run here).
 #
 #     BINDER_TORCH=local bash scripts/binder_env_check.sh   # slow: downloads every package
 #     (17 min measured on a shared, heavily loaded 2-core machine; mostly pip)
@@ -55,11 +56,11 @@ bash binder/postBuild
 echo "+ the learner's side of nbgrader only"
 extensions=$(jupyter labextension list 2>&1)
 echo "$extensions" | sed -n '/Disabled extensions:/,$p'     # lists disabled plugins only
-for plugin in formgrader create-assignment course-list; do
+for plugin in formgrader create-assignment course-list assignment-list; do
     echo "$extensions" | grep -qE "@jupyter/nbgrader:$plugin\b" \
         || { echo "@jupyter/nbgrader:$plugin is not listed as disabled" >&2; exit 1; }
 done
-for plugin in assignment-list validate-assignment; do
+for plugin in validate-assignment; do
     if echo "$extensions" | grep -qE "@jupyter/nbgrader:$plugin\b"; then
         echo "@jupyter/nbgrader:$plugin is disabled" >&2; exit 1
     fi
@@ -83,4 +84,15 @@ print(f"{len(code)} code cells, errors in {[i for i, _ in errors]} (unsolved exe
 if unexpected or not_run:
     sys.exit(f"unexpected errors {unexpected}, cells not run {not_run}")
 PY
+echo "+ distlab grade from a work folder, with the package postBuild installed (no clone)"
+mkdir -p "$work/learner"
+for copy in solutions course; do
+    cp "$copy/13-sharded-matmuls-and-overlap/13-sharded-matmuls-and-overlap.ipynb" "$work/learner/"
+    (cd "$work/learner" && distlab grade 13) > "$work/grade-$copy.txt" || true
+    head -1 "$work/grade-$copy.txt"
+done
+grep -q "^13-sharded-matmuls-and-overlap: 8 / 8 points" "$work/grade-solutions.txt" \
+    || { echo "a solved copy did not earn full marks" >&2; exit 1; }
+grep -q "^13-sharded-matmuls-and-overlap: 0 / 8 points" "$work/grade-course.txt" \
+    || { echo "the released copy did not score zero" >&2; exit 1; }
 echo "binder environment OK ($work)"

@@ -27,10 +27,52 @@ def _cell(nb, grade_id: str):
 
 def test_find_course_root(tmp_path, monkeypatch):
     assert (ROOT / "nbgrader_config.py").is_file() and (ROOT / "solutions").is_dir()
-    with pytest.raises(FileNotFoundError, match="no distlab course found"):
+    with pytest.raises(FileNotFoundError, match="no distlab course in"):
         grading.find_course_root(tmp_path)
     monkeypatch.setenv(grading.ROOT_ENV_VAR, str(ROOT))
     assert grading.find_course_root() == ROOT
+
+
+def _fake_course(folder):
+    (folder / "solutions" / "00-x").mkdir(parents=True)
+    (folder / "nbgrader_config.py").write_text("c = get_config()\n")
+    return folder
+
+
+def test_the_course_is_found_from_the_learners_folder_first(tmp_path, monkeypatch):
+    """Issue 36 §0: on Binder and after `pip install .` the course is where the learner
+    works: the current folder or a parent (checked before the checkout distlab came from)."""
+    from distlab.core import course
+
+    monkeypatch.delenv(grading.ROOT_ENV_VAR, raising=False)
+    clone = _fake_course(tmp_path / "clone")
+    inside = clone / "course" / "07-x"
+    inside.mkdir(parents=True)
+    assert course.find_course_root(cwd=clone) == clone.resolve()
+    assert course.find_course_root(cwd=inside) == clone.resolve()  # a parent
+    monkeypatch.setenv(grading.ROOT_ENV_VAR, str(ROOT))
+    assert course.find_course_root(cwd=inside) == ROOT  # the variable comes first
+    reasons = [why for _, why in course.course_root_candidates(inside)]
+    assert reasons[0] == f"${grading.ROOT_ENV_VAR}" and reasons[1] == "the current folder"
+    assert reasons[-2:] == [
+        "the checkout distlab was imported from",
+        "the course installed with distlab",
+    ]
+
+
+def test_without_a_course_anywhere_the_error_says_what_to_do(tmp_path, monkeypatch):
+    from distlab.core import course
+
+    monkeypatch.delenv(grading.ROOT_ENV_VAR, raising=False)
+    monkeypatch.setattr(course, "_PACKAGE_CHECKOUT", tmp_path / "nothing")
+    monkeypatch.setattr(course, "PACKAGED_COURSE", tmp_path / "not-installed")
+    with pytest.raises(FileNotFoundError) as error:
+        course.find_course_root(cwd=tmp_path)
+    message = str(error.value)
+    assert "installed without it" in message and "pip install ." in message
+    assert grading.ROOT_ENV_VAR in message
+    monkeypatch.setattr(course, "PACKAGED_COURSE", _fake_course(tmp_path / "installed"))
+    assert course.find_course_root(cwd=tmp_path) == (tmp_path / "installed").resolve()
 
 
 def test_identify_released_and_renamed_notebooks(tmp_path):
