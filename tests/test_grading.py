@@ -177,6 +177,25 @@ def test_report_lists_points_failures_and_review_commands():
     assert "were edited (b)" in report
 
 
+def _check_the_learners_graded_copy(copy: Path, kept: Path) -> None:
+    """Issue 36 §4: --keep writes the learner's graded copy, not the instructor's source:
+    every cell ran, the test cells read as released, no hidden test's code anywhere."""
+    assert copy == (kept / RELEASED.name).resolve() and list(kept.iterdir()) == [copy]
+    ran = nbformat.read(copy, as_version=4)
+    released = {c.get("id"): c.source for c in nbformat.read(RELEASED, as_version=4).cells}
+    source = nbformat.read(SOURCE, as_version=4)
+    hidden = [c.source.split("### BEGIN HIDDEN TESTS")[1] for c in source.cells
+              if "### BEGIN HIDDEN TESTS" in c.source]  # fmt: skip
+    text = nbformat.writes(ran)
+    assert hidden and not any(h.strip()[:60] in text for h in hidden), "hidden tests kept"
+    assert "BEGIN HIDDEN TESTS" not in text and "BEGIN SOLUTION" not in text
+    tests = [c for c in ran.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert tests and all(c.source == released[c.get("id")] for c in tests)
+    errors = [o for c in tests for o in c.outputs if o.output_type == "error"]
+    assert errors and all(len(o.traceback) == 1 for o in errors), "tracebacks show cell lines"
+    assert all(c.execution_count for c in ran.cells if c.cell_type == "code" and c.source.strip())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole grade and three exercises: slow on a busy machine
 def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
@@ -190,8 +209,10 @@ def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
     path = tmp_path / "mine.ipynb"
     nbformat.write(learner, path)
 
-    assert cli.main(["grade", str(path), "--json"]) == 1  # not full marks
+    kept = tmp_path / "kept"
+    assert cli.main(["grade", str(path), "--json", "--keep", str(kept)]) == 1  # not full marks
     result = json.loads(capsys.readouterr().out)
+    _check_the_learners_graded_copy(Path(result["kept"]), kept)
     points = {e["grade_id"]: (e["points"], e["max_points"]) for e in result["exercises"]}
     assert points == {
         "test-bytes-per-parameter": (2, 2),

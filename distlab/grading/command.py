@@ -47,7 +47,10 @@ def register(subparsers) -> None:
         "--course-root", help=f"the course checkout (default: ${ROOT_ENV_VAR} or this package's)"
     )
     parser.add_argument(
-        "--keep", metavar="DIR", help="build the course directory in DIR and keep it"
+        "--keep",
+        metavar="DIR",
+        help="write your graded copy to DIR: the notebook as it ran, with every test's "
+        "result (the hidden tests' code left out)",
     )
     parser.add_argument(
         "--timeout",

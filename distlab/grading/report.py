@@ -47,6 +47,7 @@ class NotebookGrade:
     modified: str = ""  # its modification time, local, "YYYY-MM-DD HH:MM:SS"
     note: str | None = None  # how the file was found, when not in the current folder
     problems: list[str] = field(default_factory=list)  # e.g. the kernel died in a non-test cell
+    kept: str | None = None  # where ``--keep`` wrote the learner's graded copy
 
     @property
     def points(self) -> float:
@@ -80,6 +81,8 @@ def format_report(grade: NotebookGrade) -> str:
         lines.append(f"graded {grade.path} (modified {grade.modified})")
     if grade.note:
         lines.append(f"note: {grade.note}")
+    if grade.kept:
+        lines.append(f"your graded copy (outputs and results, no hidden tests): {grade.kept}")
     if grade.edited_test_cells:
         lines.append(
             f"note: {len(grade.edited_test_cells)} read-only test cell(s) were edited "
@@ -125,5 +128,6 @@ def as_json(grade: NotebookGrade) -> dict:
         "max_points": grade.max_points,
         "edited_test_cells": grade.edited_test_cells,
         "problems": grade.problems,
+        "kept": grade.kept,
         "exercises": [e.__dict__ for e in grade.exercises],
     }

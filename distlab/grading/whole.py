@@ -31,6 +31,7 @@ from pathlib import Path
 
 from distlab.core.course import (
     CONFIG_FILE,
+    RELEASE_DIR,
     SOURCE_DIR,
     assignment_names,
     find_course_root,
@@ -195,6 +196,33 @@ def edited_test_cells(notebook_path: str | os.PathLike) -> list[str]:
     return [grade_id_of(c) or "?" for c in nb.cells if c.source.strip() in changed]
 
 
+#: how nbgrader marks the hidden part of a test cell in the source notebooks
+HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
+
+
+def learner_copy(autograded: Path, released: Path, out: Path) -> Path:
+    """Write to ``out`` the notebook nbgrader ran, as the learner may see it: every cell's
+    outputs, but each test cell's source as released (the hidden tests' code left out) and
+    each test's error as its type and message only (an IPython traceback prints the lines
+    of the cell it stopped in, hidden ones included)."""
+    import nbformat
+
+    ran = nbformat.read(autograded, as_version=4)
+    public = {grade_id_of(c): c.source for c in nbformat.read(released, as_version=4).cells}
+    for cell in ran.cells:
+        grade_id = grade_id_of(cell)
+        if grade_id in public and cell.source != public[grade_id]:
+            cell.source = public[grade_id]
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    output["traceback"] = [f"{output.get('ename')}: {output.get('evalue')}"]
+        if HIDDEN_MARK in cell.source:  # a test cell the release does not know
+            raise ValueError(f"{autograded}: cell {grade_id!r} still holds hidden tests")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(ran, out)
+    return out
+
+
 # ------------------------------------------------------------ one learner notebook ---
 def grade_notebook(
     notebook_path: str | os.PathLike,
@@ -208,8 +236,10 @@ def grade_notebook(
     ``notebook_path``: anything :func:`distlab.grading.resolve.resolve_notebook` accepts
     (a path, or a name).
 
-    ``keep``: a folder to build the course directory in (kept afterwards, for
-    inspecting the autograded notebook); default a temporary one, deleted.
+    ``keep``: a folder to write the learner's graded copy in (:func:`learner_copy`: the
+    notebook as it ran, with every test's outputs and result, but the hidden tests' code
+    left out); by default nothing is kept. The course directory itself, which holds the
+    source notebook (solutions and hidden tests), always stays in a temporary folder.
 
     ``progress=True`` shows a progress bar on stderr (on a terminal only) while nbgrader
     builds the course directory and runs the notebook.
@@ -227,7 +257,7 @@ def grade_notebook(
         learner.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(found.path, learner)  # what is graded cannot change while it runs
         modified = modified_time(learner)
-        course_dir = Path(keep) if keep else Path(tmp) / "course"
+        course_dir = Path(tmp) / "course"
         course_dir.mkdir(parents=True, exist_ok=True)
         bar.step("building a course directory")
         copy_sources(course_dir, [found.assignment], root)
@@ -246,6 +276,12 @@ def grade_notebook(
         grade = read_grade(course_dir, DEFAULT_STUDENT, found.assignment, notebook, scores)
         bar.advance()
         grade.edited_test_cells = read["edited_test_cells"]
+        if keep:
+            autograded = course_dir / "autograded" / DEFAULT_STUDENT / found.assignment
+            released = course_dir / RELEASE_DIR / found.assignment / f"{notebook}.ipynb"
+            kept = Path(keep) / f"{notebook}.ipynb"
+            learner_copy(autograded / f"{notebook}.ipynb", released, kept)
+            grade.kept = str(kept.resolve())
     grade.path = str(found.path)
     grade.modified = modified
     grade.note = found.note
