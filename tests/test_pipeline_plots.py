@@ -1,12 +1,15 @@
-"""Pipeline Gantt charts: every colour is named in a legend, chunks differ by hatch and label,
+"""Pipeline Gantt charts: every colour is named in a legend, chunks differ by shade, labels fit,
 and a replay and a measured run share one time axis."""
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from distlab.parallel.pipeline import interleaved, one_f_one_b, replay, zb_h1
 from distlab.viz.pipeline_plots import (
+    box_labels,
     draw_timeline,
+    legend_handles,
     plot_planned_and_measured,
     plot_timeline,
     plot_timelines,
@@ -30,23 +33,43 @@ def test_each_kind_of_action_is_named_in_the_legend():
     assert len(colours) == 3, "F, I and W each need their own colour"
 
 
-def test_interleaved_chunks_differ_by_hatch_and_label():
+def test_interleaved_chunks_differ_by_shade_and_boxes_are_labelled_level():
     timeline = replay(interleaved(2, 4, 2))
     ax = plot_timeline(timeline).axes[0]
-    assert _legend_labels(ax)[-2:] == ["chunk 0", "chunk 1"]
-    hatch_of_chunk = {}
+    assert ax.get_legend().get_title().get_text() == "chunk 0 | 1"
+    assert _legend_labels(ax) == ["F: forward", "B: backward"]
+    handles = legend_handles(timeline)
+    assert all(len(h) == 2 for h in handles), "each kind shows its shade for chunk 0 and 1"
+    colour_of = {}
     for entry, patch in zip(timeline.entries, ax.patches, strict=True):
-        hatch_of_chunk.setdefault(entry.action.chunk, set()).add(patch.get_hatch() or "")
-    assert all(len(h) == 1 for h in hatch_of_chunk.values()), hatch_of_chunk
-    assert hatch_of_chunk[0] != hatch_of_chunk[1]
-    labels = {t.get_text() for t in ax.texts}
-    assert {"0F0", "1F0", "1B3"} <= labels, sorted(labels)
-    # one chunk per rank: the label stays the micro-batch alone
-    assert {t.get_text() for t in plot_timeline(replay(one_f_one_b(2, 3))).axes[0].texts} == {
+        colour_of.setdefault((entry.action.kind, entry.action.chunk), set()).add(
+            patch.get_facecolor()
+        )
+    assert all(len(c) == 1 for c in colour_of.values()), colour_of
+    assert colour_of["F", 0] != colour_of["F", 1] and colour_of["F", 0] != colour_of["B", 0]
+    labels = box_labels(ax)
+    assert [t.get_text() for t in labels] == [str(e.action.micro_batch) for e in timeline.entries]
+    assert {t.get_rotation() for t in labels} == {0.0}
+    # one chunk per rank: the label is the micro-batch too
+    assert {t.get_text() for t in box_labels(plot_timeline(replay(one_f_one_b(2, 3))).axes[0])} == {
         "0",
         "1",
         "2",
     }
+
+
+def test_a_label_is_drawn_only_where_it_fits_in_its_box():
+    timeline = replay(interleaved(4, 8, 2), forward_time=1, backward_time=2)
+    narrow = Figure(figsize=(3, 2))
+    draw_timeline(narrow.subplots(), timeline, legend=False)
+    fitting = {}
+    for name, fig in (("wide", plot_timeline(timeline)), ("narrow", narrow)):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        fitting[name] = sum(label.fits(renderer) for label in box_labels(fig.axes[0]))
+    assert fitting["wide"] == len(timeline.entries), "at 10 inches every micro-batch is written"
+    assert fitting["narrow"] < len(timeline.entries) / 2
 
 
 def test_replayed_and_measured_share_the_time_axis():

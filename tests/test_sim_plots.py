@@ -32,7 +32,7 @@ def test_replay_on_a_cluster_with_more_algorithms():
 def test_predicted_vs_measured():
     points = [Prediction("all_reduce", "ring", 2, 4096, 1e-4, 1.2e-4)]
     fig = plot_predicted_vs_measured(points)
-    assert fig.axes[0].get_xlabel() == "measured time (s)"
+    assert fig.axes[0].get_xlabel() == "measured time (ms)"
     with pytest.raises(ValueError, match="no predictions"):
         plot_predicted_vs_measured([])
     with pytest.raises(ValueError, match="method must be"):

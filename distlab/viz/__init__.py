@@ -20,6 +20,11 @@ module                 what it draws
 ``tp_overlap_plots``   the collective matmul: serial and overlapped timelines per rank
 ``placement_plots``    a placement on the cluster grid, communication per placement,
                        a scheduler's timeline and waits
+``pipeline_plots``     pipeline Gantt charts, planned and measured
+``style``              what every figure shares: the width a notebook shows, the
+                       smallest font, log axes labelled in plain numbers
+``legibility``         checks a figure as drawn: no small, overlapping or hatched-over
+                       text (``tests/test_figure_legibility.py`` runs it on each one)
 =====================  ==============================================================
 
 Import a module to use it (``from distlab.viz import sim_plots``); importing this

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter
 
 from distlab.calc import memory, pipeline, scaling
 from distlab.core.checks import int_in
 from distlab.core.units import BYTE_UNITS
-from distlab.viz.pipeline_plots import draw_timeline
+from distlab.viz.pipeline_plots import ROW_IN, draw_timeline
+from distlab.viz.style import NOTEBOOK_WIDTH_IN, log_scale
 
 _STATE_COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_states": "#55a868"}
 
@@ -117,14 +117,15 @@ def plot_pipeline_schedule(
     backward_time: float = 2.0,
 ) -> Figure:
     """Gantt chart of a replayed schedule (:func:`distlab.viz.pipeline_plots.draw_timeline`):
-    one row per rank, F boxes light, B boxes dark, each labelled with its
-    micro-batch; white gaps are the bubble."""
+    one row per rank, F boxes blue, B boxes green, each labelled with its
+    micro-batch where the label fits; white gaps are the bubble."""
     plan = pipeline.schedule_ops(
         stages, micro_batches, schedule=schedule, virtual_stages=virtual_stages
     )
     timeline = pipeline.replay(plan, forward_time=forward_time, backward_time=backward_time)
     name = f"{schedule} (v={virtual_stages})" if schedule == "interleaved" else schedule
-    fig = Figure(figsize=(max(6.0, timeline.makespan * 0.35), 0.6 * stages + 1.2))
+    width = min(NOTEBOOK_WIDTH_IN, max(6.0, timeline.makespan * 0.35))
+    fig = Figure(figsize=(width, ROW_IN * stages + 1.2))
     draw_timeline(
         fig.add_subplot(),
         timeline,
@@ -133,9 +134,6 @@ def plot_pipeline_schedule(
     )
     fig.set_layout_engine("constrained")
     return fig
-
-
-_PLAIN = FuncFormatter(lambda value, _: f"{value:,.0f}")  # 1,024 rather than 2^10
 
 
 def _gpu_counts(max_gpus: int) -> list[int]:
@@ -178,11 +176,9 @@ def plot_amdahl_gustafson(
             label=f"Gustafson, s = {s:.0%}",
         )
     for ax in (speed, eff):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_PLAIN)
+        log_scale(ax, "x", base=2)
         ax.set_xlabel("GPUs, n")
-    speed.set_yscale("log", base=2)
-    speed.yaxis.set_major_formatter(_PLAIN)
+    log_scale(speed, "y", base=2)
     speed.set_ylabel("speed-up over one GPU")
     speed.set_title("Speed-up: strong (Amdahl) and weak (Gustafson) scaling")
     eff.set_ylabel("parallel efficiency, speed-up / n")
@@ -209,8 +205,7 @@ def plot_straggler_probability(
             marker=".",
             label=f"each GPU slow in {p:.2%} of its steps",
         )
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(_PLAIN)
+    log_scale(ax, "x", base=2)
     ax.set_xlabel("GPUs, n")
     ax.set_ylabel("share of steps with a straggler")
     ax.set_ylim(0, 1.02)

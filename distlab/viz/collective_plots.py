@@ -7,12 +7,16 @@ data, stripes for a sum (a reduction mixes several ranks' data), hatched for
 ``b`` is rank 1's data, ``acd`` the sum of ranks 0, 2 and 3, ``Σ`` the sum
 over every rank; in an all-to-all ``b2`` is rank 1's block 2. Faded boxes
 hold leftovers the collective does not promise (a reduce-scatter leaves
-partial sums in the chunks a rank does not own).
+partial sums in the chunks a rank does not own). In a step, each message is an
+arrow in the gap right of its chunk's column, from a dot on the sender's row to
+the receiver's row; arrows whose rows overlap run in separate lanes, so they do
+not cross.
 
 * :func:`plot_collective` - start and end state of one collective;
 * :func:`plot_all_collectives` - the six of them, one row each;
 * :func:`plot_steps` - every step of a schedule as small multiples (the static
-  fallback of the player);
+  fallback of the player), as many per row as a notebook's width holds;
+* :func:`plot_step` - one step, the player's frame;
 * :func:`schedule_player` / :func:`ring_all_reduce_player` - an ipywidgets
   slider that steps through a schedule; where no widget frontend exists
   (nbviewer, GitHub, a terminal) the same object shows the static figure.
@@ -36,6 +40,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 from distlab.core.checks import int_in
 from distlab.core.collective_schedule import Schedule, trace
 from distlab.sim import algorithms as registry
+from distlab.viz.style import NOTEBOOK_WIDTH_IN
 
 #: The collective each picture uses, and the schedule that produces its end state: the
 #: registry's first algorithm for it (ring, tree for broadcast and reduce, pairwise all-to-all).
@@ -53,16 +58,19 @@ TITLES = {
 }
 
 MAX_WORLD_SIZE = 8
-BOX = 0.72  # box width; the gap to the next column holds the arrows
+BOX = 0.64  # box width; the gap to the next column holds the arrows
+UNIT_IN = 0.44  # inches per box height in the step pictures: a label fits in its box
+LABELS_LEFT = -1.1  # x where a panel with rank labels starts (they end at -0.15)
+BARE_LEFT = -0.12  # x where a panel without them starts
 _COLORS = matplotlib.colormaps["tab10"].colors
 Grid = list[list[Counter]]
 
 
-def _subplots(rows: int, columns: int, figsize: tuple[float, float]):
+def _subplots(rows: int, columns: int, figsize: tuple[float, float], **kwargs):
     """A :class:`Figure` made without pyplot (the idiom of every ``distlab.viz`` module): it
     shows once, as the value of a notebook cell or via ``display``."""
     fig = Figure(figsize=figsize)
-    return fig, fig.subplots(rows, columns, squeeze=False)
+    return fig, fig.subplots(rows, columns, squeeze=False, **kwargs)
 
 
 def _check_world_size(world_size: int) -> None:
@@ -129,8 +137,10 @@ def draw_state(
     title: str = "",
     end: bool = False,
     chunk_labels: bool = True,
+    rank_labels: bool = True,
 ) -> None:
-    """Draw ``state`` (rank rows x chunk columns) on ``ax``."""
+    """Draw ``state`` (rank rows x chunk columns) on ``ax``; ``rank_labels=False`` leaves
+    out the ``rank r`` names on the left (a panel beside one that has them)."""
     n, k = len(state), len(state[0])
     for r in range(n):
         for c in range(k):
@@ -139,28 +149,29 @@ def draw_state(
             _draw_box(ax, c, r, contents, faded)
             label = box_label(contents, n)
             if label:
-                size = 9 if len(label) <= 3 else 7
                 ax.text(
                     c + BOX / 2,
                     r + 0.5,
                     label,
                     ha="center",
                     va="center",
-                    fontsize=size,
+                    fontsize={1: 9, 2: 9, 3: 8}.get(len(label), 7),
                     color="0.45" if faded else "black",
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
                 )
-        ax.text(-0.15, r + 0.5, f"rank {r}", ha="right", va="center", fontsize=9)
+        if rank_labels:
+            ax.text(-0.15, r + 0.5, f"rank {r}", ha="right", va="center", fontsize=9)
     if chunk_labels and k > 1:
-        for c in range(k):
-            ax.text(
-                c + BOX / 2, n + 0.12, f"chunk {c}", ha="center", va="top", fontsize=7, color="0.4"
-            )
-    ax.set_xlim(-1.1, k + 0.1)
-    ax.set_ylim(n + 0.45, -0.1)
+        for c in range(k):  # the column's number under it, "chunk" once on the left
+            ax.text(c + BOX / 2, n + 0.1, str(c), ha="center", va="top", fontsize=8, color="0.4")
+        if rank_labels:
+            ax.text(-0.15, n + 0.1, "chunk", ha="right", va="top", fontsize=8, color="0.4")
+    ax.set_xlim(LABELS_LEFT if rank_labels else BARE_LEFT, k)
+    ax.set_ylim(n + 0.5, -0.05)
     ax.set_aspect("equal")
     ax.axis("off")
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)
 
 
 def _draw_box(ax, x: float, y: float, contents: Counter, faded: bool) -> None:
@@ -179,23 +190,58 @@ def _draw_box(ax, x: float, y: float, contents: Counter, faded: bool) -> None:
     ax.add_patch(Rectangle((x, y), BOX, 1, fill=False, edgecolor="0.3", lw=0.8))
 
 
+def _lanes(spans: list[tuple[float, float]]) -> list[int]:
+    """A lane for each vertical span (low, high), the lowest free one, so that spans which
+    overlap or touch never share a lane (interval colouring, widest first)."""
+    order = sorted(range(len(spans)), key=lambda i: (spans[i][0] - spans[i][1], spans[i]))
+    lane = [0] * len(spans)
+    for placed, i in enumerate(order):
+        taken = {
+            lane[j]
+            for j in order[:placed]
+            if spans[j][0] <= spans[i][1] and spans[i][0] <= spans[j][1]
+        }
+        lane[i] = min(set(range(len(spans) + 1)) - taken)
+    return lane
+
+
 def draw_transfers(ax, schedule: Schedule, step: int) -> None:
-    """Arrows for the messages of ``schedule.steps[step]``: from (src, chunk) to (dst, landing chunk)."""
-    for t in schedule.steps[step]:
-        if t.src == t.dst:
-            continue
-        for c_from, c_to in zip(t.chunks, t.landing):
-            arrow = FancyArrowPatch(  # drawn in the gap right of the chunk's column
-                (c_from + BOX + 0.02, t.src + 0.5),
-                (c_to + BOX + 0.02, t.dst + 0.5),
-                connectionstyle="arc3,rad=-0.3",
+    """Arrows for the messages of ``schedule.steps[step]``: in the gap right of the chunk's
+    column, from a dot on the sender's row to an arrowhead on the receiver's; arrows in one
+    gap whose rows overlap get separate lanes, so they run side by side instead of crossing."""
+    moves = [
+        (t, c_from, c_to)
+        for t in schedule.steps[step]
+        if t.src != t.dst
+        for c_from, c_to in zip(t.chunks, t.landing)
+    ]
+    by_gap: dict[int, list[int]] = {}  # a message landing in another chunk: a gap of its own
+    for i, (_, c_from, c_to) in enumerate(moves):
+        by_gap.setdefault(c_from if c_from == c_to else -1 - i, []).append(i)
+    x_of = {}
+    for members in by_gap.values():
+        spans = [tuple(sorted((moves[i][0].src, moves[i][0].dst))) for i in members]
+        lanes = _lanes(spans)
+        count = max(lanes) + 1
+        for i, lane in zip(members, lanes):
+            x_of[i] = BOX + (1 - BOX) * (lane + 1) / (count + 1)
+    for i, (t, c_from, c_to) in enumerate(moves):
+        color = "crimson" if t.reduce else "navy"
+        start = (c_from + x_of[i], t.src + 0.5)
+        end = (c_to + x_of[i], t.dst + 0.5)
+        ax.add_patch(
+            FancyArrowPatch(
+                start,
+                end,
                 arrowstyle="-|>",
-                mutation_scale=11,
-                color="crimson" if t.reduce else "navy",
-                lw=1.6,
-                alpha=0.85,
+                mutation_scale=8,
+                shrinkA=0,
+                shrinkB=0,
+                color=color,
+                lw=1.2,
             )
-            ax.add_patch(arrow)
+        )
+        ax.plot(*start, "o", color=color, markersize=3)
 
 
 def plot_collective(collective: str, world_size: int = 4, root: int = 0) -> Figure:
@@ -230,39 +276,79 @@ def _step_title(schedule: Schedule, step: int) -> str:
     phase = ""
     if schedule.algorithm == "ring" and schedule.collective == "all_reduce":
         half = schedule.n_steps // 2
-        phase = " (reduce-scatter)" if step <= half else " (all-gather)"
+        phase = "\n(reduce-scatter)" if step <= half else "\n(all-gather)"
     return f"after step {step}{phase}"
 
 
-def draw_step(ax, schedule: Schedule, states: Sequence[Grid], step: int) -> None:
+def draw_step(
+    ax, schedule: Schedule, states: Sequence[Grid], step: int, rank_labels: bool = True
+) -> None:
     """State after ``step`` steps, with the arrows of the messages that produced it."""
     draw_state(
-        ax, states[step], schedule, _step_title(schedule, step), end=step == schedule.n_steps
+        ax,
+        states[step],
+        schedule,
+        _step_title(schedule, step),
+        end=step == schedule.n_steps,
+        rank_labels=rank_labels,
     )
     if step > 0:
         draw_transfers(ax, schedule, step - 1)
 
 
+def _panel_width(n_chunks: int, rank_labels: bool) -> float:
+    """Inches one step panel takes at :data:`UNIT_IN` per box, at least its title's width."""
+    labels = (BARE_LEFT - LABELS_LEFT) * UNIT_IN if rank_labels else 0.0
+    return labels + max(1.0, (n_chunks - BARE_LEFT) * UNIT_IN)
+
+
+def _panel_height(world_size: int) -> float:
+    return (world_size + 0.55) * UNIT_IN + 0.45  # the rows, the chunk numbers, a title
+
+
+_LEGEND = "red: sent and added, blue: sent and copied (dot: sender)"
+
+
 def plot_steps(schedule: Schedule, columns: int = 4) -> Figure:
-    """Every state of ``schedule``, start to end, as a grid of small panels."""
+    """Every state of ``schedule``, start to end, as a grid of small panels: at most
+    ``columns`` per row, fewer if that many would be wider than a notebook shows
+    (:data:`~distlab.viz.style.NOTEBOOK_WIDTH_IN`). Only the first panel of each row names
+    the ranks."""
     states = trace(schedule)
     panels = schedule.n_steps + 1
-    rows = -(-panels // columns)
     n, k = schedule.world_size, schedule.n_chunks
+    first, other = _panel_width(k, True), _panel_width(k, False)
+    columns = max(1, min(columns, panels, 1 + int((NOTEBOOK_WIDTH_IN - 0.2 - first) // other)))
+    rows = -(-panels // columns)
+    widths = [first] + [other] * (columns - 1)
     fig, axes = _subplots(
-        rows, columns, figsize=(columns * (0.9 + 0.55 * k), rows * (0.5 + 0.5 * n))
+        rows,
+        columns,
+        figsize=(sum(widths) + 0.2, rows * _panel_height(n) + 0.5),
+        gridspec_kw={"width_ratios": widths},
     )
     for i, ax in enumerate(axes.flat):
         if i < panels:
-            draw_step(ax, schedule, states, i)
+            draw_step(ax, schedule, states, i, rank_labels=i % columns == 0)
         else:
             ax.axis("off")
     fig.suptitle(
-        f"{schedule.algorithm} {schedule.collective.replace('_', '-')} on {n} ranks: "
-        "red = send and add, blue = send and copy",
+        f"{schedule.algorithm} {schedule.collective.replace('_', '-')} on {n} ranks; {_LEGEND}",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.set_layout_engine("constrained", w_pad=0.02, wspace=0.02)
+    return fig
+
+
+def plot_step(schedule: Schedule, step: int) -> Figure:
+    """One panel: the state after ``step`` steps and the messages of that step (the
+    player's frame)."""
+    step = int_in("step", step, 0, schedule.n_steps)
+    n, k = schedule.world_size, schedule.n_chunks
+    fig, axes = _subplots(1, 1, figsize=(_panel_width(k, True) + 0.3, _panel_height(n) + 0.4))
+    draw_step(axes[0, 0], schedule, trace(schedule), step)
+    fig.suptitle(_LEGEND, fontsize=8)
+    fig.set_layout_engine("constrained")
     return fig
 
 
@@ -307,7 +393,6 @@ def _player_class():
 
         def __init__(self, schedule: Schedule):
             self.schedule = schedule
-            self.states = trace(schedule)
             self.slider = widgets.IntSlider(
                 value=0, min=0, max=schedule.n_steps, description="step", continuous_update=False
             )
@@ -324,10 +409,7 @@ def _player_class():
             """Redraw the figure for ``step`` (also what the slider calls)."""
             from IPython.display import display
 
-            n, k = self.schedule.world_size, self.schedule.n_chunks
-            fig, axes = _subplots(1, 1, figsize=(1.6 + 1.1 * k, 0.6 + 0.75 * n))
-            ax = axes[0, 0]
-            draw_step(ax, self.schedule, self.states, step)
+            fig = plot_step(self.schedule, step)
             self.current_step = step
             with self.output:
                 self.output.clear_output(wait=True)

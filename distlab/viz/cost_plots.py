@@ -14,6 +14,7 @@ of :func:`distlab.commands.bench.run_bench`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
@@ -21,6 +22,7 @@ from matplotlib.figure import Figure
 from distlab.core.units import format_size
 from distlab.sim.algorithms import closed_form
 from distlab.sim.topology import PRESETS, ClusterSpec, Link
+from distlab.viz.style import log_scale
 
 GB = 1e9
 
@@ -60,12 +62,17 @@ def plot_link_bandwidths(presets: Mapping[str, ClusterSpec] | None = None) -> Fi
             fontsize=8,
         )
     ax.set_yticks(list(rows), [link.name for link in links], fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlim(right=max(one_way) * 30)
+    log_scale(ax, "x")
+    ax.set_xlim(min(one_way) / 4, max(one_way) * 30)  # every bar rises off the axis
     ax.set_xlabel("GB/s (log scale)")
     ax.set_title("Links in distlab's cluster presets")
-    ax.legend(frameon=False, loc="lower right", fontsize=8)
+    fig.legend(frameon=False, loc="outside lower center", ncols=2, fontsize=8)  # off the bars
     return fig
+
+
+def _number(value: float) -> str:
+    """A value printed on a bar: ``14,316``, ``28``, ``0.0159``."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def plot_cost_breakdown(
@@ -76,12 +83,13 @@ def plot_cost_breakdown(
 ) -> Figure:
     """One panel per message size: each algorithm's closed-form time
     (:func:`distlab.sim.closed_form`) as a stacked bar of its latency term
-    ``a alpha`` and its bandwidth term ``b N beta`` on ``link``."""
+    ``a alpha`` and its bandwidth term ``b N beta`` on ``link``, both written above the
+    bar (one of them is often too thin to see: that is the point of the picture)."""
     if not sizes:
         raise ValueError("sizes must name at least one message size in bytes")
     if not algorithms:
         raise ValueError("algorithms must name at least one algorithm")
-    fig = Figure(figsize=(3.3 * len(sizes) + 0.5, 3.4), layout="constrained")
+    fig = Figure(figsize=(3.3 * len(sizes) + 0.5, 3.6), layout="constrained")
     axes = fig.subplots(1, len(sizes), squeeze=False)[0]
     for ax, size in zip(axes, sizes):
         for i, name in enumerate(algorithms):
@@ -96,19 +104,35 @@ def plot_cost_breakdown(
                 color="#4c72b0",
                 label="bandwidth b·N·beta" if i == 0 else None,
             )
+            ax.annotate(
+                f"latency {_number(latency)}\nbandwidth {_number(bandwidth)}",
+                (i, latency + bandwidth),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.3)  # room for the numbers
         short = [name.replace("_all_reduce", "").replace("_", " ") for name in algorithms]
         ax.set_xticks(range(len(algorithms)), short, rotation=20, fontsize=8)
         ax.set_title(f"N = {format_size(size)}", fontsize=10)
         ax.set_ylabel("time (us)")
-    axes[0].legend(frameon=False, fontsize=8)
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncols=2,
+        frameon=False,
+        fontsize=8,
+    )
     fig.suptitle(f"All-reduce on {n} ranks, {link.name}", fontsize=10)
     return fig
 
 
 def plot_bench(records: Sequence[Mapping]) -> Figure:
-    """Grouped bars of measured time (log scale): one group per message size,
-    one bar per algorithm, from :func:`distlab.commands.bench.run_bench`
-    records of one collective on one world size."""
+    """Grouped bars of measured time (log scale, each bar's milliseconds written above
+    it): one group per message size, one bar per algorithm, from
+    :func:`distlab.commands.bench.run_bench` records of one collective on one world size."""
     if not records:
         raise ValueError("no bench records to plot")
     kinds = {(r["collective"], r["world_size"]) for r in records}
@@ -124,9 +148,13 @@ def plot_bench(records: Sequence[Mapping]) -> Figure:
     for j, algorithm in enumerate(algorithms):
         xs = [i + (j - (len(algorithms) - 1) / 2) * width for i in range(len(sizes))]
         ys = [times.get((algorithm, size), float("nan")) * 1e3 for size in sizes]
-        ax.bar(xs, ys, width=width, label=algorithm)
+        bars = ax.bar(xs, ys, width=width, label=algorithm)
+        ax.bar_label(bars, ["" if math.isnan(y) else _number(y) for y in ys], fontsize=8, padding=1)
     ax.set_xticks(range(len(sizes)), [format_size(s) for s in sizes])
-    ax.set_yscale("log")
+    log_scale(ax, "y")
+    shortest = min(r["time_s"] for r in records) * 1e3
+    # the shortest bar rises a good way off the axis; room above the tallest for its number
+    ax.set_ylim(shortest / 4, ax.get_ylim()[1] * 2)
     ax.set_ylabel("time per call (ms, log scale)")
     ax.set_title(f"measured {collective.replace('_', '-')} on {world_size} ranks")
     ax.legend(frameon=False, fontsize=8)

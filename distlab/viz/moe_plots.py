@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from matplotlib.figure import Figure
 
+from distlab.viz.style import NOTEBOOK_WIDTH_IN
+
 
 def plot_expert_load(
     runs: dict[str, torch.Tensor], *, title: str = "Tokens per expert during training"
@@ -25,7 +27,7 @@ def plot_expert_load(
     for label, loads in runs.items():
         if not isinstance(loads, torch.Tensor) or loads.ndim != 2:
             raise ValueError(f"run {label!r}: expected a (steps, experts) tensor, got {loads!r}")
-    fig = Figure(figsize=(4.2 * len(runs), 3.2), layout="constrained")
+    fig = Figure(figsize=(min(NOTEBOOK_WIDTH_IN, 4.2 * len(runs)), 3.2), layout="constrained")
     axes = fig.subplots(1, len(runs), sharey=True, squeeze=False)[0]
     for ax, (label, loads) in zip(axes, runs.items()):
         steps = range(1, loads.shape[0] + 1)

@@ -16,6 +16,7 @@ from distlab.placement.placer import Placement
 from distlab.placement.scheduler import ScheduleResult
 from distlab.placement.score import CommScore
 from distlab.placement.stats import ScheduleStats, timeline_arrays
+from distlab.viz.style import NOTEBOOK_WIDTH_IN
 
 _DIM_TITLES = {
     "tp": "tensor (TP)",
@@ -38,7 +39,8 @@ def plot_placement(
     g = placement.cluster.gpus_per_node
     nodes = placement.nodes_used()[:max_nodes]
     row_of = {node: i for i, node in enumerate(nodes)}
-    fig = Figure(figsize=(3.2 * len(color_by) + 0.5, 0.45 * len(nodes) + 1.4), layout="constrained")
+    width = min(NOTEBOOK_WIDTH_IN, 3.2 * len(color_by) + 0.5)
+    fig = Figure(figsize=(width, 0.45 * len(nodes) + 1.4), layout="constrained")
     axes = fig.subplots(1, len(color_by), squeeze=False)[0]
     for ax, dim in zip(axes, color_by, strict=True):
         key = "dp-cp" if dim == "dp" and placement.layout.cp > 1 else dim
@@ -134,21 +136,34 @@ def plot_schedule(result: ScheduleResult) -> Figure:
     return fig
 
 
+def _wait_label(wait) -> str:
+    if wait is None:
+        return "none"  # the run started no job of this priority
+    minutes = wait.mean_s / 60
+    return "no wait" if minutes == 0 else f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.1f}"
+
+
 def plot_waits(stats: Sequence[ScheduleStats]) -> Figure:
-    """Mean wait per priority, one group of bars per run (e.g. first-fit vs best-fit)."""
+    """Mean wait per priority, one group of bars per run (e.g. first-fit vs best-fit).
+
+    Each bar's minutes are written above it, so a priority whose jobs never waited reads
+    "no wait" rather than leaving an empty gap, and one a run started no job of reads "none".
+    """
     fig = Figure(figsize=(6, 3.5), layout="constrained")
     ax = fig.subplots()
     priorities = sorted({p for s in stats for p in s.wait_by_priority})
     width = 0.8 / max(len(stats), 1)
     for i, s in enumerate(stats):
-        minutes = [
-            s.wait_by_priority[p].mean_s / 60 if p in s.wait_by_priority else 0 for p in priorities
-        ]
-        ax.bar(np.arange(len(priorities)) + i * width, minutes, width, label=s.policy)
+        waits = [s.wait_by_priority.get(p) for p in priorities]
+        minutes = [w.mean_s / 60 if w is not None else 0 for w in waits]
+        bars = ax.bar(np.arange(len(priorities)) + i * width, minutes, width, label=s.policy)
+        ax.bar_label(bars, [_wait_label(w) for w in waits], fontsize=8, padding=1)
     ax.set_xticks(
         np.arange(len(priorities)) + width * (len(stats) - 1) / 2,
         [f"priority {p}" for p in priorities],
     )
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the numbers
     ax.set_ylabel("mean wait (min)")
+    ax.set_title("Mean wait per priority (minutes on each bar)")
     ax.legend()
     return fig

@@ -18,6 +18,7 @@ from distlab.sim.crossover import crossover_size
 from distlab.sim.fit import Prediction
 from distlab.sim.replay import Topology, as_cluster, simulate
 from distlab.sim.topology import Link
+from distlab.viz.style import log_scale
 
 DEFAULT_SIZES = tuple(2**k for k in range(10, 31))  # 1 KiB .. 1 GiB
 
@@ -67,8 +68,8 @@ def plot_time_vs_size(
                 textcoords="offset points",
                 color="grey",
             )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    log_scale(ax, "x", base=2)
+    log_scale(ax, "y")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(x)))
     ax.set_xlabel("message size per rank")
     ax.set_ylabel("time (s)")
@@ -80,24 +81,27 @@ def plot_time_vs_size(
 
 
 def plot_predicted_vs_measured(predictions: Sequence[Prediction]) -> Figure:
-    """Measured vs predicted time per record, log-log, one colour per algorithm;
-    points on the diagonal are predicted exactly."""
+    """Measured vs predicted time per record in milliseconds (as bench tables print them),
+    log-log, one colour per algorithm; points on the diagonal are predicted exactly."""
     if not predictions:
         raise ValueError("no predictions to plot")
     fig = Figure(figsize=(5.5, 5), layout="constrained")
     ax = fig.add_subplot()
+    ms = 1e3
     for algorithm in dict.fromkeys(p.algorithm for p in predictions):
         mine = [p for p in predictions if p.algorithm == algorithm]
         ax.scatter(
-            [p.measured_s for p in mine], [p.predicted_s for p in mine], s=14, label=algorithm
+            [p.measured_s * ms for p in mine],
+            [p.predicted_s * ms for p in mine],
+            s=14,
+            label=algorithm,
         )
-    lo = min(min(p.measured_s, p.predicted_s) for p in predictions)
-    hi = max(max(p.measured_s, p.predicted_s) for p in predictions)
+    lo = min(min(p.measured_s, p.predicted_s) for p in predictions) * ms
+    hi = max(max(p.measured_s, p.predicted_s) for p in predictions) * ms
     ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured time (s)")
-    ax.set_ylabel("predicted time (s)")
+    log_scale(ax)
+    ax.set_xlabel("measured time (ms)")
+    ax.set_ylabel("predicted time (ms)")
     ax.set_title("alpha-beta model vs measured runs")
     ax.legend()
     return fig
