@@ -84,17 +84,33 @@ def _broken_row_forward(layer, x, *, mistake):
     return reduce_from_tp(partial + layer.bias, layer.comm, "broken out")
 
 
+def _run_torch(dense, mesh, plan, x, grad_z):
+    """``dense`` sharded by torch's ``parallelize_module(plan)``, forward and backward on a
+    copy of ``x``: (module, input with its gradient, output, forward and backward counts)."""
+    import copy
+
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    theirs = parallelize_module(copy.deepcopy(dense), mesh, plan)
+    x_theirs = x.clone().requires_grad_()
+    with CommDebugMode() as forward:
+        z_theirs = theirs(x_theirs)
+    with CommDebugMode() as backward:
+        z_theirs.backward(grad_z)
+    z_theirs = z_theirs.detach().clone()  # an AsyncCollectiveTensor: wait for it
+    counts = {"forward": _torch_counts(forward), "backward": _torch_counts(backward)}
+    return theirs, x_theirs, z_theirs, counts
+
+
 def _tensor_parallel(rank, world_size, dense, x, grad_z, mesh, mistake):
     """fc1 column-, fc2 row-parallel, by torch and by distlab; what the tests compare."""
-    import copy
 
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
-        parallelize_module,
     )
 
     from distlab.parallel.tensor import ParallelMLP, TensorParallelComm
@@ -109,13 +125,7 @@ def _tensor_parallel(rank, world_size, dense, x, grad_z, mesh, mistake):
     z_ours.backward(grad_z)
 
     plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-    theirs = parallelize_module(copy.deepcopy(dense), mesh, plan)
-    x_theirs = x.clone().requires_grad_()
-    with CommDebugMode() as forward:
-        z_theirs = theirs(x_theirs)
-    with CommDebugMode() as backward:
-        z_theirs.backward(grad_z)
-    z_theirs = z_theirs.detach().clone()  # an AsyncCollectiveTensor: wait for it
+    theirs, x_theirs, z_theirs, torch_counts = _run_torch(dense, mesh, plan, x, grad_z)
     ours_counts = {p: _distlab_counts(comm, p) for p in ("forward", "backward")}
 
     with torch.no_grad():  # distlab's operators, torch's order: g(X_r B_r + b / t)
@@ -134,7 +144,7 @@ def _tensor_parallel(rank, world_size, dense, x, grad_z, mesh, mistake):
             n: torch.equal(p.grad, theirs_grads[n]) for n, p in ours.named_parameters()
         },
         "distlab": ours_counts,
-        "torch": {"forward": _torch_counts(forward), "backward": _torch_counts(backward)},
+        "torch": torch_counts,
     }
 
 
@@ -205,13 +215,10 @@ def _attention(rank, world_size, mesh):
     """distlab's CausalSelfAttention under torch's parallelize_module (q, k, v column-, proj
     row-parallel, its own forward unchanged: it takes the head count from the projections)
     beside distlab's ParallelSelfAttention and the dense module (issue 39)."""
-    import copy
 
-    from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
-        parallelize_module,
     )
 
     from distlab.models import CausalSelfAttention
@@ -232,20 +239,14 @@ def _attention(rank, world_size, mesh):
     z_ours.backward(grad_z)
 
     plan = {n: ColwiseParallel() for n in ("q", "k", "v")} | {"proj": RowwiseParallel()}
-    theirs = parallelize_module(copy.deepcopy(dense), mesh, plan)
-    x_theirs = x.clone().requires_grad_()
-    with CommDebugMode() as forward:
-        z_theirs = theirs(x_theirs)
-    with CommDebugMode() as backward:
-        z_theirs.backward(grad_z)
-    z_theirs = z_theirs.detach().clone()
+    theirs, x_theirs, z_theirs, torch_counts = _run_torch(dense, mesh, plan, x, grad_z)
     return {
         "local_q": theirs.q.weight.to_local().shape[0],
         "gap_torch": (z_theirs - z_dense).abs().max().item(),
         "gap_ours": (z_ours - z_dense).abs().max().item(),
         "x_grad_gap": (x_theirs.grad - x_dense.grad).abs().max().item(),
         "x_grad_ours_gap": (x_ours.grad - x_dense.grad).abs().max().item(),
-        "torch": {"forward": _torch_counts(forward), "backward": _torch_counts(backward)},
+        "torch": torch_counts,
         "distlab": {p: _distlab_counts(comm, p) for p in ("forward", "backward")},
     }
 
