@@ -76,6 +76,27 @@ def _retire_idle_workers():
             parent._idle.pop().kill()
 
 
+def _preloaded_before_the_job(rank, world_size, names):
+    import sys
+
+    return [name for name in names if name not in sys.modules]
+
+
+def test_forked_workers_find_what_the_starter_preloaded():
+    """A fresh fork (the first job's, and each replacement after a failure) already holds
+    torch.distributed and torch._dynamo: without them each worker imported them itself, a
+    first optimizer cost seconds per rank, and so did every job after a failure (a
+    lint auto-fix once removed the 'unused' imports and nothing noticed)."""
+    from distlab.launch.starter import PRELOADED
+
+    assert {"torch.distributed", "torch._dynamo"} <= set(PRELOADED)
+    launch.shutdown()
+    assert distlab.run(_preloaded_before_the_job, 2, args=(PRELOADED,)) == [[], []]
+    with pytest.raises(distlab.RankError):
+        distlab.run(_exit_with, 2, args=(7,), timeout=60)
+    assert distlab.run(_preloaded_before_the_job, 2, args=(PRELOADED,)) == [[], []]
+
+
 def test_a_forked_worker_that_exits_reports_its_code_and_is_replaced_at_once():
     distlab.run(_parent_and_variable, 2)
     with pytest.raises(distlab.RankError) as info:

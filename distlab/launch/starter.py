@@ -31,6 +31,7 @@ took 7 s on two cores, and so did the first job after every failure).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -201,6 +202,12 @@ class Starter:
             link.process.wait()
 
 
+#: What the starter imports before its first fork, so every forked worker has it: what a
+#: worker unpickles jobs with, what it runs on, and what every torch optimizer's
+#: constructor imports (about 2.3 s of CPU each; tests/test_launch_starter.py checks a
+#: fresh fork finds all three already imported).
+PRELOADED = ("cloudpickle", "torch.distributed", "torch._dynamo")
+
 #: The exit code given to workers whose starter exited before reporting theirs.
 STARTER_GONE = -1
 
@@ -215,7 +222,8 @@ def main(fd: int) -> None:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    import cloudpickle  # noqa: F401  (what a worker unpickles jobs with)
+    for module in PRELOADED:  # imported for the forks: nothing here uses them
+        importlib.import_module(module)
 
     while True:
         ready, _, _ = select.select([sock, wake_read], [], [], 0.5)
