@@ -82,6 +82,7 @@ def _preloaded_before_the_job(rank, world_size, names):
     return [name for name in names if name not in sys.modules]
 
 
+@pytest.mark.slow  # a fresh starter: 6 s measured in a whole-suite run
 def test_forked_workers_find_what_the_starter_preloaded():
     """A fresh fork (the first job's, and each replacement after a failure) already holds
     torch.distributed and torch._dynamo: without them each worker imported them itself, a
