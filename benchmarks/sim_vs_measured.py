@@ -34,8 +34,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     """Run the bench ``--repeat`` times per (collective, world size), keep each
     point's fastest time (other processes on the machine only ever add time),
     and save as it goes."""
-    from distlab.core.units import size_range
     from distlab.commands.bench import run_bench
+    from distlab.core.units import size_range
 
     records: list[dict] = []
     collectives = args.collectives.split(",")

@@ -79,8 +79,8 @@ def _worker(rank, world_size, shape, steps):
     from distlab.models import GPT, GPTConfig
     from distlab.parallel import ContextParallelBlock, ParallelBlock, Ring, TensorParallelComm
     from distlab.parallel.context import split_sequence
-    from distlab.parallel.tensor.sequence import sync_sequence_parallel_grads
     from distlab.parallel.tensor.activations import measure_saved_activations
+    from distlab.parallel.tensor.sequence import sync_sequence_parallel_grads
 
     b, s, h, a, layers = shape
     blocks = GPT(GPTConfig(vocab=64, seq_len=s, hidden=h, heads=a, layers=layers)).blocks

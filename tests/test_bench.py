@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from distlab.core.units import format_size, parse_size, size_range
 from distlab.cli import main
 from distlab.commands.bench import DEFAULT_SIZES
+from distlab.core.units import format_size, parse_size, size_range
 from distlab.sim.bandwidth import busbw_factor
 
 

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distlab.core.collective_schedule import chunk_bounds
+from distlab.core.collective_schedule import Schedule, Transfer, chunk_bounds, trace
 from distlab.sim.algorithms import SCHEDULES
-from distlab.core.collective_schedule import Schedule, Transfer, trace
 
 SIZES = range(1, 17)
 

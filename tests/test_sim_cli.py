@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from distlab.core.units import format_size, parse_size, size_range
 from distlab.commands import sim as commands
+from distlab.core.units import format_size, parse_size, size_range
 from distlab.sim import build_schedule, preset, simulate
 
 

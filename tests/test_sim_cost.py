@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-from distlab.sim.algorithms import REGISTRY
 from distlab.sim import (
     algbw,
     all_reduce_lower_bound,
@@ -16,6 +15,7 @@ from distlab.sim import (
     preset,
     simulate,
 )
+from distlab.sim.algorithms import REGISTRY
 from distlab.sim.cost import AlphaBetaCost, log2_ceil
 from distlab.sim.topology import Link
 
