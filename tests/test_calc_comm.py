@@ -140,3 +140,20 @@ def test_broadcast_part_is_distlabs_binomial_tree(k):
     total = sum(schedule.bytes_sent(r, [1000]) for r in range(k))
     assert part.bytes_sent * k == pytest.approx(3 * total) and total == (k - 1) * 1000
     assert part.messages == 3 * schedule.n_steps
+
+
+def test_which_ring_attention_is_counted():
+    """A fused ring (the default) passes K/V round again in backward: 3(cp-1) blocks per layer;
+    a ring that keeps its blocks (distlab's, keeps_blocks=True) sends the K/V all-gather's
+    2(cp-1). 128K tokens on 16 ranks, 8 K/V heads of 128, bf16: 1,440 and 960 MiB."""
+    shape = {"seq_len": 8192, "micro_batch": 1, "hidden": 1024, "layers": 1, "cp": 16}
+    fused = comm.context_parallel_comm(**shape)
+    keeps = comm.context_parallel_comm(**shape, keeps_blocks=True)
+    gather = comm.context_parallel_gather_comm(**shape)
+    assert (fused.total / 2**20, keeps.total / 2**20) == (1440, 960)
+    assert keeps.total == gather.total and fused.total * 2 == keeps.total * 3
+    assert [p.what for p in keeps.parts] == [
+        "forward K/V blocks to next rank",
+        "backward K/V gradients to next rank",
+    ]
+    assert sum(p.count for p in fused.parts) == 3 * 15  # messages: cp - 1 hops per pass

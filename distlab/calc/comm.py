@@ -256,32 +256,43 @@ def context_parallel_comm(
     cp: int,
     micro_batches: int = 1,
     bytes_per_element: int = 2,
+    keeps_blocks: bool = False,
 ) -> CommVolume:
-    """Ring attention's point-to-point traffic for ``layers`` layers over ``cp`` ranks,
-    for a fused ring that keeps only its own K/V block for backward.
+    """Ring attention's point-to-point traffic for ``layers`` layers over ``cp`` ranks.
 
     ``seq_len`` is the tokens one rank holds (the sequence divided by cp). Each
     layer passes its K and V blocks (``2 b s h`` elements; full multi-head K and V,
     no grouped-query sharing) to the next rank of the ring ``cp - 1`` times in the
-    forward; the backward passes them round again and sends their gradients home,
-    ``cp - 1`` messages each, as the released code of Liu et al. 2023 ("Ring
-    Attention with Blockwise Transformers") does, which holds two K/V blocks at a
-    time. Per step: ``micro_batches`` x ``layers`` x those, ``3 (cp-1)`` messages
-    per layer and micro-batch. distlab's :mod:`distlab.parallel.context` ring
-    keeps every block it receives for backward (autograd) and sends only the first
-    and third parts, the bytes of :func:`context_parallel_gather_comm`
-    (:func:`distlab.calc.layout_comm.context_parts` leaves the second out).
+    forward and sends their gradients home, ``cp - 1`` messages, in the backward.
+
+    Which ring (``keeps_blocks``):
+
+    * ``False`` (the default): a fused ring that keeps only its own K/V block for
+      backward and holds two at a time, as the released code of Liu et al. 2023 ("Ring
+      Attention with Blockwise Transformers") does. Its backward passes K and V round
+      again, a third pass: ``3 (cp-1)`` messages per layer and micro-batch.
+    * ``True``: a ring that keeps every block it receives for backward, as distlab's
+      :mod:`distlab.parallel.context` does (plain autograd): no second pass of K/V,
+      ``2 (cp-1)`` messages, the bytes of :func:`context_parallel_gather_comm`.
+
+    Convention: each pass counts the ``cp - 1`` hops a block needs to visit every rank.
+    Liu et al.'s JAX code (``ringattention_jax.py``) rotates ``cp`` times per pass, the
+    last rotation bringing each block home: ``cp / (cp - 1)`` times these bytes. Per
+    step: ``micro_batches`` x ``layers`` x the messages of one layer and micro-batch.
     """
     c = positive_int("cp", cp)
     if c == 1:
         return CommVolume("context parallel", ())
     kv = _local_kv_bytes(seq_len, micro_batch, hidden, bytes_per_element)
     hops = (c - 1) * positive_int("layers", layers) * positive_int("micro_batches", micro_batches)
+    again = () if keeps_blocks else (
+        CommPart("backward K/V blocks to next rank", "send_recv", c, kv, hops),
+    )  # fmt: skip
     return CommVolume(
         "context parallel",
         (
             CommPart("forward K/V blocks to next rank", "send_recv", c, kv, hops),
-            CommPart("backward K/V blocks to next rank", "send_recv", c, kv, hops),
+            *again,
             CommPart("backward K/V gradients to next rank", "send_recv", c, kv, hops),
         ),
     )

@@ -57,6 +57,7 @@ every group has 2 ranks, and for larger groups when the group size divides each 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -264,14 +265,14 @@ def context_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: i
         raise ValueError(f"context must be one of {CP_METHODS}, got {context!r}")
     if layout.cp == 1:
         return ()
-    formula = {"ring": context_parallel_comm, "all_gather": context_parallel_gather_comm,
-               "ulysses": ulysses_comm}[context]  # fmt: skip
+    formula = {"ring": functools.partial(context_parallel_comm, keeps_blocks=True),
+               "all_gather": context_parallel_gather_comm, "ulysses": ulysses_comm}[context]  # fmt: skip
     volume = formula(
         seq_len=spec.seq_len // layout.cp, micro_batch=micro_batch,
         hidden=spec.hidden // layout.tp, layers=len(stage_layers(layout, stage, spec.layers)),
         cp=layout.cp, micro_batches=layout.micro_batches, bytes_per_element=bytes_per_element,
     )  # fmt: skip
-    return tuple(p for p in volume.parts if not p.what.startswith("backward K/V blocks"))
+    return volume.parts
 
 
 def expert_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,
