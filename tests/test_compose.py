@@ -9,9 +9,14 @@ batch with the same optimizer:
 * ``tp2_ep2_pp2_dp2``: MoE blocks (experts over ep) inside a pipeline;
 * ``tp2_pp2_dp2_fsdp``: FSDP over dp around each pipeline chunk (untied embeddings);
 * ``tp2sp_pp2_dp2_interleaved``: sequence parallelism, interleaved schedule (v = 2);
-* ``tp2_cp2_pp2_ep2``: four axes above 1 at once (ep re-splits the cp ranks).
+* ``tp2_cp2_pp2_ep2``: four axes above 1 at once (ep re-splits the cp ranks);
 
-Checked: the last stage's losses equal the single-process losses (rtol 1e-5: the
+and the schedules whose chunks are not placed round the ranks in a loop
+(:data:`SCHEDULE_CASES`): ZB-V and DualPipeV (two chunks per rank in a V, the loss on
+rank 0) and DualPipe (two copies of the model, one per direction, the loss at both
+ends), each with another parallelism around it.
+
+Checked: the losses (on the ranks that compute them) equal the single-process losses (rtol 1e-5: the
 pieces add in another order than one dense step), every rank's final parameters
 equal its slice of the single-process model, the slices cover the whole model,
 and each group the layout uses carried bytes.
@@ -53,6 +58,28 @@ CASES = {
         Layout(tp=2, cp=2, pp=2, ep=2, micro_batches=2), CONFIG, {"capacity_factor": 4.0}
     ),
 }  # fmt: skip
+SCHEDULE_CASES = {
+    "tp2_pp2_dp2_zb_v": (
+        Layout(tp=2, pp=2, dp=2, schedule="zb_v", micro_batches=4), CONFIG, None
+    ),
+    "tp2_cp2_pp2_dualpipe": (
+        Layout(tp=2, cp=2, pp=2, schedule="dualpipe", micro_batches=4), CONFIG, None
+    ),
+    "tp2_ep2_pp2_dp2_dualpipe_v": (
+        Layout(tp=2, ep=2, pp=2, dp=2, schedule="dualpipe_v", micro_batches=4),
+        CONFIG,
+        {"capacity_factor": 1.25},
+    ),
+}  # fmt: skip
+
+
+def loss_holders(layout: Layout) -> set[int]:
+    """The pipeline ranks that report the loss: the one holding the last virtual stage
+    (rank 0 for a V), both ends for DualPipe's two directions."""
+    p = layout.pp
+    return {"zb_v": {0}, "dualpipe_v": {0}, "dualpipe": {0, p - 1}}.get(
+        layout.pipeline_schedule, {p - 1}
+    )
 
 
 def make_model(config: GPTConfig, moe: dict | None, routing_groups: int = 1) -> GPT:
@@ -103,9 +130,9 @@ def dense_slice(name: str, dense: dict, run, layout: Layout, config: GPTConfig, 
     return name, dense_shard(name, dense[name], layout.tp, run.coordinates["tp"], config.vocab)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=[*CASES, *SCHEDULE_CASES])
 def case(request):
-    layout, config, moe = CASES[request.param]
+    layout, config, moe = {**CASES, **SCHEDULE_CASES}[request.param]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -122,7 +149,7 @@ def test_losses_equal_one_process(case):
     assert want[-1] < 0.9 * want[0], "the reference does not train: the test would prove little"
     for run in runs:
         assert run.coordinates == layout.coordinates(run.rank)
-        if run.coordinates["pp"] == layout.pp - 1:
+        if run.coordinates["pp"] in loss_holders(layout):
             assert run.losses == pytest.approx(want, rel=1e-5), f"{name}, rank {run.rank}"
         else:
             assert run.losses is None
@@ -181,10 +208,12 @@ def test_refused_combinations_say_why():
         check_model(GPT(CONFIG), Layout(cp=8))
     with pytest.raises(ValueError, match="zero_stage=2 with pp > 1 needs tie_embeddings=False"):
         check_model(GPT(CONFIG), Layout(pp=2, dp=2, zero_stage=2))
-    with pytest.raises(ValueError, match="recompute='full' is not applied"):
-        check_model(GPT(CONFIG), Layout(tp=2, recompute="full"))
-    with pytest.raises(ValueError, match="places its chunks in a V"):
-        check_model(GPT(CONFIG), Layout(pp=2, schedule="zb_v"))
+    with pytest.raises(ValueError, match="zero_stage=2 with schedule 'dualpipe'"):
+        check_model(GPT(UNTIED), Layout(pp=2, dp=2, zero_stage=2, schedule="dualpipe",
+                                        micro_batches=4))  # fmt: skip
+    with pytest.raises(ValueError, match="layers=4 is not divisible by the number of virtual"):
+        check_model(GPT(CONFIG), Layout(pp=4, schedule="zb_v", micro_batches=8))
+    check_model(GPT(CONFIG), Layout(pp=4, schedule="dualpipe", micro_batches=8))  # 4 parts
     with pytest.raises(ValueError, match="context must be one of"):
         check_model(GPT(CONFIG), Layout(cp=2), context="star")
 
@@ -212,28 +241,125 @@ def test_context_parallel_attention_three_ways(context):
         assert sent.get("cp", 0) > 0, f"{context}: nothing sent in the cp group"
 
 
-def _train_recompute(rank, world_size, layout):
+def _train_recompute(rank, world_size, layout, config=CONFIG, steps=3):
+    torch.set_num_threads(1)
+    from distlab.parallel.compose import train
+
+    tokens, targets = gpt_batch(BATCH, config, seed=1)
+    run = train(GPT(config, seed=0), layout, tokens, targets, steps=steps, lr=LR,
+                optimizer=OPTIMIZER)  # fmt: skip
+    return run.losses, run.peak_activation_bytes, run.coordinates, run.shards
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "degrees", [{"tp": 2, "dp": 2}, {"tp": 2, "cp": 2}], ids=["tp2_dp2", "tp2_cp2"]
+)
+def test_recomputation_keeps_the_losses_and_saves_activations(degrees):
+    """Layout(recompute=...): "selective" recomputes the attention core in backward
+    (Korthikanti et al. 2022, Section 5; with cp the ring passes K/V again), "full" the
+    whole block: the same losses, fewer bytes kept for backward, fewest with "full"."""
+    _, want = single_process(Layout(**degrees), CONFIG, None)
+    kept = {}
+    for mode in ("none", "selective", "full"):
+        layout = Layout(**degrees, recompute=mode)
+        runs = distlab.run(_train_recompute, 4, args=(layout,), timeout=300)
+        for losses, *_ in runs:
+            assert losses == pytest.approx(want[:3], rel=1e-5), layout.label()
+        kept[mode] = max(peak for _, peak, *_ in runs)
+    assert kept["full"] < kept["selective"] < kept["none"], kept
+
+
+@pytest.mark.slow
+def test_full_recomputation_keeps_each_block_s_input_as_the_calculator_counts():
+    """With pp = 4 and 4 layers, pipeline ranks 1 and 2 hold one block each and nothing
+    else, so with recompute="full" all they keep for backward is that block's input per
+    micro-batch in flight: the calculator's 2sbh bytes per layer (16-bit) at 4 bytes an
+    element, times the micro-batches 1F1B holds there (the replay's peak)."""
+    from distlab.calc.memory import activation_bytes_per_layer
+    from distlab.core.pipeline_schedule import one_f_one_b
+    from distlab.sim.pipeline_replay import replay
+
+    layout = Layout(pp=4, micro_batches=4, recompute="full")
+    runs = distlab.run(_train_recompute, 4, args=(layout, CONFIG, 1), timeout=300)
+    in_flight = replay(one_f_one_b(4, 4)).peak_in_flight
+    micro_batch = BATCH // layout.micro_batches
+    per_layer = activation_bytes_per_layer(
+        seq_len=CONFIG.seq_len, micro_batch=micro_batch, hidden=CONFIG.hidden,
+        heads=CONFIG.heads, recompute="full",
+    ) * 4 / 2  # fmt: skip
+    for _, peak, where, _ in runs:
+        if where["pp"] in (1, 2):
+            assert peak == in_flight[where["pp"]] * per_layer, where
+
+
+@pytest.mark.slow
+def test_full_recomputation_replays_the_dropout_masks():
+    """With dropout and tp = 2, the recomputed forward must draw the masks the forward
+    drew, from the default stream and from the tensor-parallel one (Megatron's tracker,
+    replayed by RecomputedBlock): the same parameters after two steps as without
+    recomputation, to rounding."""
+    config = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=2, dropout=0.1)
+    final = {}
+    for mode in ("none", "full"):
+        layout = Layout(tp=2, dp=2, recompute=mode)
+        runs = distlab.run(_train_recompute, 4, args=(layout, config, 2), timeout=300)
+        final[mode] = [shards for *_, shards in runs]
+    for plain, recomputed in zip(final["none"], final["full"], strict=True):
+        for name in plain:
+            torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
+
+
+def _train_aux(rank, world_size, layout, aux_weight):
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
 
     tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
-    run = train(GPT(CONFIG, seed=0), layout, tokens, targets, steps=3, lr=LR, optimizer=OPTIMIZER)
-    return run.losses, run.peak_activation_bytes
+    model = make_model(CONFIG, {"capacity_factor": 1.25})
+    run = train(model, layout, tokens, targets, steps=3, lr=LR, optimizer=OPTIMIZER,
+                aux_weight=aux_weight)  # fmt: skip
+    return run
 
 
 @pytest.mark.slow
-def test_selective_recomputation_keeps_the_losses_and_saves_activations():
-    """Layout(recompute="selective"): the attention core is recomputed in backward
-    (Korthikanti et al. 2022, Section 5): the same losses, fewer bytes kept for backward."""
-    plain, selective = Layout(tp=2, dp=2), Layout(tp=2, dp=2, recompute="selective")
-    _, want = single_process(plain, CONFIG, None)
-    kept = {}
-    for layout in (plain, selective):
-        runs = distlab.run(_train_recompute, 4, args=(layout,), timeout=300)
-        for losses, _ in runs:
-            assert losses == pytest.approx(want[:3], rel=1e-5), layout.label()
-        kept[layout.recompute] = max(peak for _, peak in runs)
-    assert kept["selective"] < kept["none"], kept
+def test_moe_balancing_loss_trains_every_pipeline_stage():
+    """aux_weight > 0 with pp = 2: each stage adds its own MoE layers' balancing loss
+    (the executor's side loss), so the first stage's routers get that gradient too, as
+    in one process; the loss reported (summed over the stages) equals the one process's."""
+    from distlab.parallel.compose import OPTIMIZERS
+    from distlab.parallel.moe_gpt import aux_loss
+
+    layout, aux_weight = Layout(pp=2, dp=2, ep=2, micro_batches=2), 0.5
+    torch_class, kwargs, _ = OPTIMIZERS[OPTIMIZER]
+    references = {}
+    for weight in (0.0, aux_weight):
+        model = make_model(CONFIG, {"capacity_factor": 1.25}, routing_groups=4)
+        optimizer = torch_class(model.parameters(), lr=LR, **kwargs)
+        tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
+        losses = []
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            loss = model.loss(tokens, targets) + weight * aux_loss(model)
+            loss.backward()
+            losses.append(loss.item())
+            optimizer.step()
+        references[weight] = model, losses
+    model, want = references[aux_weight]
+    dense = dict(model.named_parameters())
+    without = dict(references[0.0][0].named_parameters())
+    first_router = next(n for n in dense if n.endswith("router.weight"))
+    assert not torch.allclose(dense[first_router], without[first_router]), "aux changes nothing"
+    runs = distlab.run(_train_aux, 4, args=(layout, aux_weight), timeout=300)
+    for run in runs:
+        if run.coordinates["pp"] == 1:
+            assert run.losses == pytest.approx(want, rel=1e-5)
+        for name, value in run.shards.items():
+            dense_name, expected = dense_slice(name, dense, run, layout, CONFIG,
+                                               {"capacity_factor": 1.25})  # fmt: skip
+            torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, n=dense_name: f"{n}: {m}")  # fmt: skip
+    assert any(first_router in run.shards for run in runs if run.coordinates["pp"] == 0)
 
 
 def _train_dropout(rank, world_size, layout, config):

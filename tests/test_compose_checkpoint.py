@@ -9,8 +9,9 @@
   RNG tracker, so each tp rank drops other elements of the replicated activations
   and the replicated parameters (LayerNorms, biases) drift apart between tp ranks;
   a checkpoint keeps one copy of them. And three more, bit for bit: MoE experts over
-  ep (TP2 x EP2 x PP2 x DP2), FSDP (ZeRO-3 over dp) and an interleaved pipeline with
-  sequence parallelism (two model chunks per rank).
+  ep (TP2 x EP2 x PP2 x DP2), FSDP (ZeRO-3 over dp), an interleaved pipeline with
+  sequence parallelism (two model chunks per rank) and DualPipe (two chunks per rank in
+  a V, each model part held by two mirror ranks and stored once).
 * **Another layout**: the checkpoint of TP2 x PP2 x DP2 resumed as TP1 x PP2 x DP4,
   and the checkpoint of TP1 x PP2 x DP4 as TP2 x PP2 x DP2, each continues equal
   (rtol 1e-5: the pieces add in another order) to the uninterrupted run.
@@ -47,6 +48,12 @@ MORE_LAYOUTS = {
     "tp2_pp2_dp2_fsdp": (Layout(tp=2, pp=2, dp=2, zero_stage=3, micro_batches=2), UNTIED, None),
     "tp2sp_pp2_dp2_interleaved": (
         Layout(tp=2, pp=2, dp=2, sequence_parallel=True, virtual_stages=2, micro_batches=2),
+        CONFIG,
+        None,
+    ),
+    # chunks in a V, and two copies of each part (the mirror ranks hold the same pieces)
+    "tp2_pp2_dp2_dualpipe": (
+        Layout(tp=2, pp=2, dp=2, schedule="dualpipe", micro_batches=4),
         CONFIG,
         None,
     ),
@@ -147,9 +154,9 @@ def test_resume_in_another_layout_continues_the_run(saved, source, target):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MORE_LAYOUTS))
-def test_resume_ep_fsdp_and_interleaved_layouts_bit_exact(name, tmp_path):
-    """MoE experts over ep, FSDP's flat shards, two model chunks per pipeline rank: saved
-    after step 3 and resumed, each continues bit for bit."""
+def test_resume_ep_fsdp_and_pipelined_layouts_bit_exact(name, tmp_path):
+    """MoE experts over ep, FSDP's flat shards, two model chunks per pipeline rank (looped
+    or in DualPipe's V): saved after step 3 and resumed, each continues bit for bit."""
     layout, config, capacity = MORE_LAYOUTS[name]
     kw = {"config": config, "capacity": capacity}
     uninterrupted = launch(layout, STEPS, save_to=tmp_path, save_after=SAVE_AFTER, **kw)

@@ -194,13 +194,15 @@ SMALL_BUCKETS_MB = (0.01, 0.05)  # 10 and 51 KiB: several flat groups per rank
 def _flat_group_sizes(mesh, chunks: int, bucket_cap_mb: float) -> list[int]:
     from torch import nn
 
+    from distlab.core.pipeline_schedule import build
     from distlab.models import GPT
     from distlab.parallel.compose import cut_stage
     from distlab.parallel.tensor import ParallelGPT, TensorParallelComm
     from distlab.parallel.zero import ZeroOptimizer
 
     gpt = ParallelGPT(GPT(CONFIG4, seed=0), TensorParallelComm(group=mesh["tp"]))
-    stage = cut_stage(gpt, mesh.coordinates["pp"], PP, chunks)
+    schedule = build("interleaved" if chunks > 1 else "1f1b", PP, M, chunks=chunks)
+    stage = cut_stage(gpt, mesh.coordinates["pp"], schedule)
     modules = nn.ModuleList(stage.chunks.values())  # what train_3d gives ZeroOptimizer
     zero = ZeroOptimizer(modules, torch.optim.SGD, group=mesh["dp"], bucket_cap_mb=bucket_cap_mb,
                          lr=0.1)  # fmt: skip

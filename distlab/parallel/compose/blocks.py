@@ -14,16 +14,21 @@
   model's own :meth:`~distlab.parallel.tensor.ParallelGPT.embed` and
   :meth:`~distlab.parallel.tensor.ParallelGPT.logits`, so sequence and context
   parallelism work inside a pipeline exactly as without one.
+* :class:`RecomputedBlock`: ``recompute="full"``, a whole block recomputed in backward.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from distlab.models import CausalSelfAttention
 from distlab.parallel.context import ContextGroup
 from distlab.parallel.tensor import ParallelGPT, ParallelSelfAttention, TensorParallelComm
+from distlab.parallel.tensor.rng import RNGTracker
 
 
 class ContextParallelAttention(ParallelSelfAttention):
@@ -77,3 +82,35 @@ class StageHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._gpt[0].logits(x)
+
+
+class RecomputedBlock(nn.Module):
+    """Full activation recomputation (Chen et al. 2016, "Training Deep Nets with Sublinear
+    Memory Cost"; Korthikanti et al. 2022, Table 2, "full activation recomputation": 2sbh
+    bytes per layer in 16 bits): the block keeps only its
+    input for backward, and backward runs its forward again (``torch.utils.checkpoint``,
+    non-reentrant) before going through it. Per layer that keeps b s h elements instead
+    of the block's every intermediate, for one more forward per block (the tensor-,
+    context- and expert-parallel messages inside it are sent again).
+
+    The recomputed forward must draw the same dropout masks: ``checkpoint`` restores the
+    default random stream, and the tensor-parallel stream (``rng``, Megatron's tracker)
+    is replayed from where it stood when the forward started (:meth:`RNGTracker.replay`).
+    Wraps the block without renaming it: the stage holds the wrapper, the model's
+    ``blocks`` list the block itself."""
+
+    def __init__(self, block: nn.Module, rng: RNGTracker | None = None) -> None:
+        super().__init__()
+        self.block, self.rng = block, rng
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rng is None:
+            return checkpoint(self.block, x, use_reentrant=False)
+        states = self.rng.states
+        return checkpoint(
+            self.block,
+            x,
+            use_reentrant=False,
+            context_fn=lambda: (contextlib.nullcontext(), self.rng.replay(states)),
+        )
+

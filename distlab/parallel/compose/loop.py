@@ -19,10 +19,16 @@ rank of the dp-cp group has as many, so the mean over the group is the loss of t
 whole batch, and averaging the gradients over dp-cp gives its gradient: a step
 equals one single-process step on the whole batch, up to fp32 rounding.
 
-**MoE.** The loss adds ``aux_weight`` times the layers' load-balancing losses; with
-``pp > 1`` ``aux_weight`` must be 0 (an earlier stage's balancing loss has no path
-to the last stage's loss in this executor). Each micro-batch of each replica (and
-with cp > 1 each cp rank's tokens) is one routing group with its own capacity.
+**MoE.** The loss adds ``aux_weight`` times the layers' load-balancing losses. Each
+chunk adds its own layers' term as a side loss of the pipeline executor
+(``PipelineStage.side_loss``), so with ``pp > 1`` an earlier stage's balancing loss
+trains that stage's routers, as in one process; the loss reported is then summed
+over the pipeline's ranks. Each micro-batch of each replica (and with cp > 1 each
+cp rank's tokens) is one routing group with its own capacity.
+
+**Where the loss is.** The rank that holds the last virtual stage computes the loss:
+the last pipeline rank, rank 0 of a V (ZB-V, DualPipeV), and for DualPipe both ends
+(each for the micro-batches its direction finishes, summed over the pipeline).
 
 **Agreement.** Before it builds a process group, :func:`train` checks that every rank
 got the same model and arguments: the layout field by field, steps, lr, the optimizer
@@ -54,7 +60,7 @@ from distlab.parallel.comm_trace import name_groups, trace_comm
 from distlab.parallel.context import split_sequence
 from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
 from distlab.parallel.moe import average_moe_gradients
-from distlab.parallel.moe_gpt import MoELayerStats, aux_loss, moe_layers, routing_stats
+from distlab.parallel.moe_gpt import MoELayerStats, moe_layers, routing_stats
 from distlab.parallel.pipeline import run_pipeline
 from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.zero import ZeroOptimizer
@@ -78,7 +84,7 @@ class ComposedRun:
     rank: int
     layout: Layout
     coordinates: dict[str, int]  # {"tp": .., "cp": .., "dp": .., "pp": .., "ep": .., ...}
-    losses: list[float] | None  # whole-batch loss per step, on the last stage's ranks
+    losses: list[float] | None  # whole-batch loss per step, on the ranks holding the loss
     shards: dict[str, torch.Tensor]  # this rank's final parameters, by ParallelGPT name
     parameters: int  # elements of this rank's (tp, cp, ep, pp) share of the model
     optimizer_state_bytes: int  # measured: the storages of the optimizer's state tensors
@@ -134,6 +140,25 @@ def make_optimizer(parallel: ParallelModel, name: str, lr: float):
     else:
         optimizer = torch_class(parallel.parameters(), lr=lr, **kwargs)
     return optimizer, optimizer
+
+
+def loss_ranks(schedule) -> tuple[int, ...]:
+    """The pipeline ranks that compute the loss: the one holding the last virtual stage,
+    and for DualPipe also the one ending the other direction's route."""
+    n = schedule.stages * schedule.chunks
+    last = {schedule.rank_of(n - 1)}
+    if schedule.bidirectional:
+        last.add(schedule.rank_of(n // 2 - 1))
+    return tuple(sorted(last))
+
+
+def balancing_loss(parallel: ParallelModel, chunk: int, weight: float) -> torch.Tensor | None:
+    """``weight`` times the load-balancing losses chunk ``chunk``'s MoE layers left from its
+    forward, or ``None`` if it has none (the executor's side loss)."""
+    layers = moe_layers(parallel.stage.chunks[chunk])
+    if not layers:
+        return None
+    return weight * sum(layer.aux_loss for layer in layers)
 
 
 def my_batch(tokens: torch.Tensor, layout: Layout, coordinates: dict, split: str) -> torch.Tensor:
@@ -216,8 +241,6 @@ def train(
     process group is built."""
     steps, lr = positive_int("steps", steps), positive("lr", lr)
     aux_weight = nonnegative("aux_weight", aux_weight)
-    if aux_weight and layout.pp > 1:
-        raise ValueError(f"aux_weight={aux_weight} needs pp = 1 here (got pp={layout.pp})")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
     check_batch(tokens, targets, model.config)
@@ -250,10 +273,7 @@ def train(
     parallel = parallelize(model, layout, split=split, context=context, algorithm=algorithm)
     mesh, where = parallel.mesh, parallel.mesh.coordinates
     if aux_weight:
-        loss_of_tokens = parallel.stage.loss_fn
-        parallel.stage.loss_fn = lambda logits, t: (
-            loss_of_tokens(logits, t) + aux_weight * aux_loss(parallel.gpt)
-        )
+        parallel.stage.side_loss = lambda chunk: balancing_loss(parallel, chunk, aux_weight)
     step_with, state_holder = make_optimizer(parallel, optimizer, lr)
     done = 0 if resume_from is None else load_checkpoint(resume_from, parallel, step_with, model)
     check_save_after(save_to, save_after, done, steps)
@@ -261,7 +281,8 @@ def train(
     data_parallel = Collectives(algorithm, group=mesh["dp-cp"])
     losses, step_seconds, peak, sent, stats = [], [], 0, [], []
     my_moe_layers = moe_layers(torch.nn.ModuleList(parallel.stage.chunks.values()))
-    last_stage = where["pp"] == layout.pp - 1
+    holds_loss = where["pp"] in loss_ranks(parallel.schedule)
+    spread = layout.pp > 1 and (aux_weight > 0 or parallel.schedule.bidirectional)
     for step in range(done + 1, done + steps + 1):
         start = time.perf_counter()
         with trace_comm() as trace:
@@ -278,8 +299,10 @@ def train(
             step_with.step()
         sent.append(_bytes_by_group(trace))
         stats.append([routing_stats(layer) for layer in my_moe_layers])  # the last micro-batch
-        if last_stage:
-            loss = torch.tensor([run.loss], dtype=torch.float64)
+        loss = torch.tensor([run.loss or 0.0], dtype=torch.float64)
+        if spread:  # side losses on every stage, or DualPipe's two ends
+            dist.all_reduce(loss, group=mesh["pp"])
+        if holds_loss:
             data_parallel.all_reduce_mean_(loss)
             losses.append(loss.item())
         step_seconds.append(time.perf_counter() - start)
@@ -292,7 +315,7 @@ def train(
         rank=dist.get_rank(),
         layout=layout,
         coordinates=where,
-        losses=losses if last_stage else None,
+        losses=losses if holds_loss else None,
         shards=shards,
         parameters=sum(t.numel() for t in shards.values()),
         optimizer_state_bytes=storage_bytes(states),

@@ -18,9 +18,10 @@ torchtitan's ``parallelize``: each step works on what the previous one left):
 3. **expert**: the MLP of every MoE block becomes an
    :class:`~distlab.parallel.moe.ExpertParallelMoE` over the ``"ep"`` group
    (E/ep whole experts per rank, tokens exchanged by all-to-all);
-4. **pipeline** (:func:`cut_stage`): the L blocks are cut into pp x v virtual
-   stages; this rank keeps the chunks of its ``"pp"`` coordinate, the embedding
-   on virtual stage 0 and the head on the last;
+4. **pipeline** (:func:`cut_stage`): the L blocks are cut into one part per
+   virtual stage (DualPipe: per stage of one of its two copies); this rank keeps
+   the chunks the schedule places on its ``"pp"`` coordinate (loop or V), the
+   embedding with the first part and the head with the last;
 5. **data**: over the ``"dp-cp"`` group (data and context ranks both hold whole
    copies of the stage and see different tokens), one of: plain averaging of
    the gradients (``zero_stage=0``), ZeRO-1 or -2 (:class:`~distlab.parallel.zero.ZeroOptimizer`,
@@ -33,9 +34,18 @@ tokens to route them alike) or with FSDP (a sequence-parallel gradient is a
 partial sum over tp that FSDP would scatter before it is summed); ZeRO or FSDP
 with ``ep > 1`` (expert gradients are reduced over the expert-data-parallel group,
 not dp-cp); ZeRO-2 or FSDP with tied embeddings across pipeline stages (the tied
-gradient is exchanged after backward, when they have already scattered it);
-``recompute="full"`` (only ``"selective"``, the attention core, is applied), and
-selective recomputation with context parallelism.
+gradient is exchanged after backward, when they have already scattered it), and
+likewise ZeRO-2 or FSDP with DualPipe (the two copies of a model part add their
+gradients after backward).
+
+Recomputation (``layout.recompute``): ``"selective"`` recomputes each block's
+attention core in backward (Korthikanti et al. 2022, Section 5; with cp > 1 the
+core's K/V messages are sent again), ``"full"`` wraps each block in a
+:class:`~distlab.parallel.compose.blocks.RecomputedBlock` (only its input kept).
+
+Pipeline schedules: any of :data:`distlab.core.pipeline_schedule.GENERATORS`; the
+V-shaped ZB-V and DualPipeV and the two-way DualPipe are cut by the same
+:func:`cut_stage` from the schedule's own placement.
 """
 
 from __future__ import annotations
@@ -47,7 +57,6 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.core.layout import Layout
-from distlab.core.pipeline_schedule import V_SHAPED
 from distlab.models import GPT, GPTBlock
 from distlab.parallel.context import ContextGroup, Ring, chunk_count
 from distlab.parallel.context_gather import KVGather
@@ -69,11 +78,13 @@ from distlab.parallel.tensor.rng import RNGTracker
 from distlab.parallel.tensor.vocab import vocab_shard
 from distlab.parallel.ulysses import Ulysses
 
-from .blocks import ContextParallelAttention, StageEmbedding, StageHead
+from .blocks import ContextParallelAttention, RecomputedBlock, StageEmbedding, StageHead
 
 #: the order parallelize applies the parallelisms in
 ORDER = ("tensor", "context", "expert", "pipeline", "data")
 SPLITS = ("zigzag", "contiguous")
+#: the blocks ``recompute="full"`` wraps in a :class:`RecomputedBlock`
+BLOCKS = (ParallelBlock, ParallelMoEBlock)
 #: how the context-parallel ranks compute attention over the whole sequence
 CONTEXT_ATTENTION = {"ring": Ring, "all_gather": KVGather, "ulysses": Ulysses}
 
@@ -124,13 +135,10 @@ def check_model(
     c, moe = model.config, getattr(model, "moe_config", None)
     check_divisible("heads", c.heads, layout.tp)
     check_divisible("hidden", c.hidden, layout.tp)
-    virtual = layout.pp * layout.virtual_stages
-    check_divisible(
-        "layers",
-        c.layers,
-        virtual,
-        by=f"number of virtual stages pp*v = {layout.pp}*{layout.virtual_stages} =",
+    schedule = build(
+        layout.pipeline_schedule, layout.pp, layout.micro_batches, chunks=layout.virtual_stages
     )
+    check_divisible("layers", c.layers, model_parts(schedule), by=_parts_text(schedule))
     pieces = chunk_count(layout.cp, split) * (layout.tp if layout.sequence_parallel else 1)
     check_divisible(
         "seq_len",
@@ -155,23 +163,28 @@ def check_model(
         raise ValueError(f"zero_stage={layout.zero_stage} with pp > 1 needs tie_embeddings=False: "
                          "the tied gradient is exchanged between stages after ZeRO-2/FSDP "
                          "has reduce-scattered it")  # fmt: skip
-    if layout.recompute == "full":
-        raise ValueError("recompute='full' is not applied by parallelize; use 'selective' "
-                         "(the attention core recomputed in backward) or 'none'")  # fmt: skip
-    if layout.recompute == "selective" and layout.cp > 1:
-        raise ValueError("recompute='selective' with cp > 1 is not supported: recomputing "
-                         "the attention core would pass the K/V blocks round the cp ranks again")  # fmt: skip
-    if layout.pipeline_schedule in V_SHAPED:
-        raise ValueError(
-            f"schedule {layout.pipeline_schedule!r} places its chunks in a V; parallelize cuts "
-            "stages loop-around (chunk c of rank r is stage c p + r): run V-shaped schedules "
-            "with distlab.parallel.pipeline (gpt_stage(..., placement='v'))"
-        )
+    if layout.pipeline_schedule == "dualpipe" and layout.zero_stage >= 2:
+        raise ValueError(f"zero_stage={layout.zero_stage} with schedule 'dualpipe' is not "
+                         "supported: the two copies of a model part add their gradients after "
+                         "the backward passes, when ZeRO-2/FSDP has already reduce-scattered "
+                         "them")  # fmt: skip
     if layout.cp > 1 and c.dropout:
         raise ValueError(f"context parallelism needs dropout 0, got {c.dropout}")
-    return build(
-        layout.pipeline_schedule, layout.pp, layout.micro_batches, chunks=layout.virtual_stages
-    )
+    return schedule
+
+
+def model_parts(schedule: Schedule) -> int:
+    """How many parts the model is cut into: one per virtual stage, p v (a V: 2 p), or for
+    DualPipe's two copies p v / 2 = p."""
+    n = schedule.stages * schedule.chunks
+    return n // 2 if schedule.bidirectional else n
+
+
+def _parts_text(schedule: Schedule) -> str:
+    p, v = schedule.stages, schedule.chunks
+    if schedule.bidirectional:
+        return f"number of model parts of {schedule.name!r} (pp = {p}: one per stage, two copies) ="
+    return f"number of virtual stages pp*v = {p}*{v} ="
 
 
 def _block_maker(layout, mesh, groups: list, split: str, context, algorithm, rng):
@@ -184,42 +197,51 @@ def _block_maker(layout, mesh, groups: list, split: str, context, algorithm, rng
             block.attn.rng = rng  # its attention is tensor-parallel like any other
         else:
             block = ParallelBlock(dense, comm, sequence_parallel=sequence_parallel, rng=rng)
-        if layout.recompute == "selective":  # Korthikanti et al. 2022, Section 5
-            block.attn.recompute_attention = True
         if layout.cp > 1:  # context parallelism: the attention core over the cp ranks
             cp = CONTEXT_ATTENTION[context](group=mesh["cp"], split=split)
             groups.append(cp)
             block.attn = ContextParallelAttention(
                 dense.attn, comm, cp, sequence_parallel=sequence_parallel
             )
+        if layout.recompute == "selective":  # Korthikanti et al. 2022, Section 5
+            block.attn.recompute_attention = True
         return block
 
     return make_block
 
 
-def cut_stage(gpt: ParallelGPT, stage: int, stages: int, chunks: int = 1) -> PipelineStage:
-    """Step 4: rank ``stage``'s ``chunks`` model chunks of ``gpt`` cut into ``stages * chunks``
-    virtual stages of L/(p v) blocks.
+def cut_stage(gpt: ParallelGPT, stage: int, schedule: Schedule) -> PipelineStage:
+    """Step 4: pipeline rank ``stage``'s chunks of ``gpt`` for ``schedule``.
 
-    Chunk c of rank r is virtual stage j = c p + r (Narayanan et al. 2021, Section 2.2.2)
-    and holds blocks j L/(p v) .. (j + 1) L/(p v) - 1; virtual stage 0 also holds the
-    embedding, the last one the head and the vocabulary-parallel loss. With tied
-    embeddings those two ranks share ``tok.weight`` and add each other's part of its
-    gradient after the backward passes (the executor's tied exchange)."""
-    virtual = stages * chunks
-    per_chunk = check_divisible("layers", len(gpt.blocks), virtual, by="pp * virtual stages")
+    The L blocks are cut in order into :func:`model_parts` parts of equal size; chunk c
+    of the rank runs virtual stage j = ``schedule.virtual_stage(stage, c)`` and holds
+    part ``schedule.model_part(j)``: j itself, where the loop placement gives rank r
+    stages r, p + r, ... (Narayanan et al. 2021, Section 2.2.2) and the V of ZB-V and
+    DualPipeV stages r and 2p - 1 - r (Qi et al. 2024, Section 6); DualPipe (DeepSeek-AI
+    2024, Section 3.2.1) holds two copies of the model cut in p parts, rank r parts r
+    (going down) and p - 1 - r (going up), and adds its ``mirror``'s gradients (rank
+    p - 1 - r holds the same two parts). Part 0 also holds the embedding, the last part
+    the head and the vocabulary-parallel loss. With tied embeddings on two ranks
+    (the loop placement), those two share ``tok.weight`` and add each other's part of
+    its gradient after the backward passes (the executor's tied exchange); a V holds
+    both on rank 0."""
+    parts = model_parts(schedule)
+    per_part = check_divisible("layers", len(gpt.blocks), parts, by=_parts_text(schedule))
+    ids = tuple(schedule.virtual_stage(stage, c) for c in range(schedule.chunks))
     modules = {}
-    for chunk in range(chunks):
-        j = chunk * stages + stage
-        layers: list[nn.Module] = list(gpt.blocks[j * per_chunk : (j + 1) * per_chunk])
-        if j == 0:
+    for chunk, j in enumerate(ids):
+        part = schedule.model_part(j)
+        layers: list[nn.Module] = list(gpt.blocks[part * per_part : (part + 1) * per_part])
+        if part == 0:
             layers.insert(0, StageEmbedding(gpt))
-        if j == virtual - 1:
+        if part == parts - 1:
             layers.append(StageHead(gpt))
         modules[chunk] = nn.Sequential(*layers)
+    mirror = schedule.stages - 1 - stage if schedule.bidirectional else None
     tied, peer = [], None
-    if gpt.config.tie_embeddings:  # loop placement: stage 0 holds the embedding, p - 1 the head
-        peer = tied_embedding_peer(stage, 0, stages - 1)
+    if gpt.config.tie_embeddings and mirror is None:  # the mirror exchange adds tied ones too
+        last = schedule.stages * schedule.chunks - 1
+        peer = tied_embedding_peer(stage, schedule.rank_of(0), schedule.rank_of(last))
         tied = [gpt.tok.weight] if peer is not None else []
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -227,7 +249,9 @@ def cut_stage(gpt: ParallelGPT, stage: int, stages: int, chunks: int = 1) -> Pip
             logits, targets, gpt.comm, start=gpt.tok.start, vocab=gpt.config.vocab
         )
 
-    return PipelineStage(stage, stages, modules, loss_fn, tied, peer)
+    return PipelineStage(
+        stage, schedule.stages, modules, loss_fn, tied, peer, stage_ids=ids, mirror=mirror
+    )
 
 
 def dense_shard(name: str, dense: torch.Tensor, t: int, rank: int, vocab: int) -> torch.Tensor:
@@ -287,7 +311,13 @@ def parallelize(
         model, comm, sequence_parallel=layout.sequence_parallel, context=cp_split,
         make_block=_block_maker(layout, mesh, context_groups, split, context, algorithm, rng),  # 2. and 3. expert
     )  # fmt: skip
-    stage = cut_stage(gpt, where["pp"], layout.pp, layout.virtual_stages)  # 4. pipeline
+    stage = cut_stage(gpt, where["pp"], schedule)  # 4. pipeline
+    if layout.recompute == "full":  # each block keeps only its input (Korthikanti, Table 2)
+        for chunk, module in list(stage.chunks.items()):
+            stage.chunks[chunk] = nn.Sequential(*(
+                RecomputedBlock(layer, rng) if isinstance(layer, BLOCKS) else layer
+                for layer in module
+            ))  # fmt: skip
     wrappers = []
     if layout.fsdp:  # 5. data: FSDP; ZeRO-1/2 and plain averaging live in the optimizer step
         for chunk, module in list(stage.chunks.items()):

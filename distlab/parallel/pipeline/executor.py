@@ -6,7 +6,8 @@ each one says:
 
 * ``RF``: receive the input activation of a chunk from the previous stage's rank;
 * ``F``: run the chunk forward (the first stage reads the tokens, the last one
-  returns the loss divided by m), keep its input and output for the backward;
+  returns the loss divided by m), keep its input and output for the backward
+  (and the chunk's side loss, ``PipelineStage.side_loss``, also divided by m);
 * ``SF``: send the output to the next stage's rank (non-blocking ``isend``);
 * ``RB``: receive the gradient of the chunk's output from the next stage;
 * ``B``: backward through the chunk, accumulating weight gradients; ``I``:
@@ -72,7 +73,8 @@ class RankRun:
 
     rank: int
     entries: list[TimedAction]
-    loss: float | None  # sum of the micro-batch losses / m, on the last stage's rank
+    loss: float | None  # this rank's part of the step's loss: the micro-batch losses / m on
+    # the last stage's rank, plus any side losses / m; None on a rank that computed no loss
     peak_in_flight: int
     peak_pending_weight_grads: int
     peak_activation_bytes: int
@@ -284,7 +286,7 @@ class _Runner:
         if a.kind in ("SF", "SB"):
             chunk = self.schedule.chunk_of(peer)
             if a.kind == "SF":
-                tensor, key = self.stash[(a.chunk, a.micro_batch)][1], "act"
+                tensor, key = self.stash[(a.chunk, a.micro_batch)][1][0], "act"
             else:
                 tensor, key = self.received.pop(("input_grad", a.chunk, a.micro_batch)), "grad"
             self.received[(key, chunk, a.micro_batch)] = tensor.detach().clone()
@@ -300,7 +302,7 @@ class _Runner:
         elif a.kind == "RB":
             self.received[("grad", c, i)] = self._recv(j + 1, self._tag("grad", j + 1, i))
         elif a.kind == "SF":
-            self._send(self.stash[(c, i)][1], j + 1, self._tag("act", j, i))
+            self._send(self.stash[(c, i)][1][0], j + 1, self._tag("act", j, i))
         elif a.kind == "SB":
             self._send(self.received.pop(("input_grad", c, i)), j - 1, self._tag("grad", j, i))
         else:
@@ -333,52 +335,62 @@ class _Runner:
                 saved[ptr] = t.untyped_storage().nbytes()
             return t
 
+        side = None
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.stage.chunks[c](x)
             if self._ends(c, i)[1]:
                 out = self.stage.loss_fn(out, self.targets[i].to(self.device)) / self.m
                 self.loss += float(out.detach())
                 self.has_loss = True
+            if self.stage.side_loss is not None and (side := self.stage.side_loss(c)) is not None:
+                side = side / self.m
+                self.loss += float(side.detach())
+                self.has_loss = True
         nbytes = sum(saved.values())
         self.activation_bytes[c] = nbytes
-        self.stash[(c, i)] = (x, out, nbytes)
+        self.stash[(c, i)] = (x, (out, side), nbytes)
         self.held += 1
         self.held_bytes += nbytes
 
-    def _output_grad(self, c: int, i: int, out: torch.Tensor):
-        if self._ends(c, i)[1]:
-            return None
-        grad = self.received.pop(("grad", c, i))
-        if grad.shape != out.shape:
-            raise ValueError(
-                f"received a gradient of shape {tuple(grad.shape)} for an output of shape "
-                f"{tuple(out.shape)}: the next stage disagrees on shapes"
-            )
-        return grad
+    def _output_grad(self, c: int, i: int, roots: tuple) -> tuple[list, list]:
+        """What backward starts from: the chunk's output (or loss) and its side loss, if
+        any, with their gradients (the received one; ``None``, i.e. 1, for a loss)."""
+        out, side = roots
+        grad = None
+        if not self._ends(c, i)[1]:
+            grad = self.received.pop(("grad", c, i))
+            if grad.shape != out.shape:
+                raise ValueError(
+                    f"received a gradient of shape {tuple(grad.shape)} for an output of shape "
+                    f"{tuple(out.shape)}: the next stage disagrees on shapes"
+                )
+        if side is None:
+            return [out], [grad]
+        return [out, side], [grad, None]
 
     def _B(self, c: int, i: int) -> None:
-        x, out, nbytes = self.stash.pop((c, i))
-        out.backward(self._output_grad(c, i, out))
+        x, roots, nbytes = self.stash.pop((c, i))
+        torch.autograd.backward(*self._output_grad(c, i, roots))
         if not self._ends(c, i)[0]:
             self.received[("input_grad", c, i)] = x.grad
         self.held -= 1
         self.held_bytes -= nbytes
 
     def _I(self, c: int, i: int) -> None:
-        x, out, nbytes = self.stash[(c, i)]
-        grad = self._output_grad(c, i, out)
-        self.stash[(c, i)] = (x, out, nbytes, grad)
+        x, roots, nbytes = self.stash[(c, i)]
+        outputs, grads = self._output_grad(c, i, roots)
+        self.stash[(c, i)] = (x, (outputs, grads), nbytes)
         if not self._ends(c, i)[0]:
             (self.received[("input_grad", c, i)],) = torch.autograd.grad(
-                out, x, grad, retain_graph=True
+                outputs, x, grads, retain_graph=True
             )
         self.held -= 1
         self.pending += 1
 
     def _W(self, c: int, i: int) -> None:
-        _, out, nbytes, grad = self.stash.pop((c, i))
+        _, (outputs, grads), nbytes = self.stash.pop((c, i))
         weights = [p for p in self.stage.chunks[c].parameters() if p.requires_grad]
-        out.backward(grad, inputs=weights)
+        torch.autograd.backward(outputs, grads, inputs=weights)
         self.pending -= 1
         self.held_bytes -= nbytes
 

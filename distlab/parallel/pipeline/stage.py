@@ -45,7 +45,12 @@ class PipelineStage:
     ``stage_ids[c]``: the virtual stage chunk c runs; ``None`` means the loop
     placement, c p + r. ``mirror``: for DualPipe, the rank that holds the same
     model parts in the other direction's copy; after the backward the two add
-    each other's gradients (every parameter, in ``parameters()`` order)."""
+    each other's gradients (every parameter, in ``parameters()`` order).
+    ``side_loss``: a loss term a chunk's forward leaves behind (the MoE load-balancing
+    loss of its layers): ``side_loss(c)`` is called after chunk c's forward and returns
+    a scalar (or ``None``); it is added to the step's loss (divided by m, like the
+    main loss) and its gradient flows back through chunk c only, so every stage's own
+    term trains its own layers, whichever rank computes the main loss."""
 
     rank: int
     stages: int
@@ -55,6 +60,7 @@ class PipelineStage:
     tied_peer: int | None = None
     stage_ids: tuple[int, ...] | None = None
     mirror: int | None = None
+    side_loss: Callable[[int], torch.Tensor | None] | None = None
 
     @property
     def num_chunks(self) -> int:

@@ -101,6 +101,23 @@ class RNGTracker:
             self._states = _current_states()
             _set_states(default)
 
+    @contextlib.contextmanager
+    def replay(self, states: tuple[torch.Tensor, torch.Tensor | None]) -> Iterator[None]:
+        """Inside the block the tracked stream starts from ``states`` (taken earlier with
+        :attr:`states`); afterwards it is where it was. Full recomputation replays a
+        block's forward in backward: the tracked draws must be the forward's again."""
+        now = self._states
+        self._states = states
+        try:
+            yield
+        finally:
+            self._states = now
+
+    @property
+    def states(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where the tracked stream is now (for :meth:`replay`)."""
+        return self._states
+
 
 def parallel_region(rng: RNGTracker | None):
     """``rng.fork()``, or nothing when there is no tracker (every draw from the default stream)."""
