@@ -87,9 +87,9 @@ def _model_weights(model) -> dict:
     if not isinstance(model, FSDP):
         return {n: p.detach().clone() for n, p in model.module.named_parameters()}
     names, out = named_parameter_index(model.module), {}
-    for unit in model.units:
-        full = torch.empty(unit.group.padded_numel, dtype=unit.shard.dtype)
-        model.comm.all_gather(full, unit.shard.detach())
+    for unit in model.units:  # each all-gather casts the (fp32) shard to param_dtype first
+        full = torch.empty(unit.group.padded_numel, dtype=model.param_dtype)
+        model.comm.all_gather(full, unit.shard.detach().to(model.param_dtype))
         for p, view in zip(unit.group.params, unit.group.views(full)):
             out[names[id(p)]] = view.clone()
     return out
@@ -205,7 +205,7 @@ def test_resuming_without_the_rng_state_differs(runs):
 def test_a_mixed_precision_checkpoint_holds_the_fp32_masters_and_the_loss_scale(runs, name):
     """The fp16 model is the rounding of its masters; saving the fp16 weights would
     lose the low bits that the masters accumulate, and resumption would drift.
-    FSDP's masters are those of its shards, gathered by name."""
+    FSDP's masters are its fp32 shards themselves (FSDP2), gathered by name."""
     _, saved, _ = runs
     state = saved[0][f"{name}@save"]
     assert all(v.dtype == torch.float32 for v in state["params"].values())

@@ -7,9 +7,10 @@ FSDP shards a flat buffer per unit, FSDP2 each parameter along dimension 0, but
 both compute with the same full weights, average the same two gradients (a + b,
 halved: exact) and update each element the same way, so losses, per-parameter
 gradients (by name, full: ``gather_gradients()`` and ``DTensor.full_tensor()``)
-and weights are equal bit for bit. In fp16 (distlab: 16-bit shards with fp32
-masters; FSDP2: fp32 shards cast for the all-gather) the first loss is equal and
-the float16 gradient reduction rounds differently: one float16 rounding apart.
+and weights are equal bit for bit. In fp16 both keep fp32 shards (the masters) and
+cast them for each all-gather, and a plain torch SGD steps them; the first loss is
+equal and the float16 gradient reduction rounds differently: one float16 rounding
+apart.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _side_by_side(rank, world_size, param_dtype):
     from torch.distributed.fsdp import fully_shard
 
     from distlab.models import GPT, GPTBlock, GPTConfig, gpt_batch
-    from distlab.parallel import FSDP, MixedPrecisionOptimizer, MixedPrecisionPolicy, shard_batch
+    from distlab.parallel import FSDP, MixedPrecisionPolicy, shard_batch
     from distlab.parallel.checkpoint import full_state
     from distlab.parallel.training import lm_loss
 
@@ -44,10 +45,7 @@ def _side_by_side(rank, world_size, param_dtype):
     sgd = {"lr": LR, "momentum": 0.9}
     policy = MixedPrecisionPolicy(param_dtype=param_dtype)
     ours = FSDP(GPT(config, seed=0), wrap=(GPTBlock,), mixed_precision=policy)
-    if param_dtype is None:
-        our_optimizer = torch.optim.SGD(ours.parameters(), **sgd)
-    else:  # fp32 masters of the 16-bit shards, started from the fp32 weights
-        our_optimizer = MixedPrecisionOptimizer(ours, torch.optim.SGD, **sgd)
+    our_optimizer = torch.optim.SGD(ours.parameters(), **sgd)  # fp32 shards either way
     theirs = GPT(config, seed=0)
     mesh = init_device_mesh("cpu", (world_size,))
     torch_policy = TorchPolicy(param_dtype=param_dtype)  # fp32 shards, 16-bit all-gathers
@@ -67,8 +65,7 @@ def _side_by_side(rank, world_size, param_dtype):
             loss = lm_loss(model, batch)
             loss.backward()
             if name == "distlab":
-                model.gather_gradients()
-                grads = {n: p.grad.clone() for n, p in model.module.named_parameters()}
+                grads = model.full_gradients()
             else:
                 grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
             optimizer.step()
@@ -110,8 +107,8 @@ def test_fp32_losses_gradients_by_name_and_weights_equal_fsdp2_bit_for_bit(side_
 
 
 def test_fp16_equals_fsdp2_up_to_the_rounding_of_the_gradient_reduction(side_by_side):
-    """float16 compute, fp32 masters (distlab) or fp32 shards (FSDP2), both started from
-    the same fp32 weights: the first forward and loss are equal bit for bit; the
+    """float16 compute from fp32 shards in both, started from the same fp32 weights, a
+    plain SGD on the shards: the first forward and loss are equal bit for bit; the
     float16 gradient reduce-scatter rounds differently in the two libraries, so the
     gradients differ by at most one float16 rounding (2^-10 relative, or a subnormal
     step), and the weights after 3 steps by less than 1e-4 (measured 1.5e-5)."""

@@ -104,8 +104,10 @@ class ShardedTraining(Protocol):
 
 
 class FSDPMasters:
-    """:class:`ShardedTraining` for FSDP trained through a ``MixedPrecisionOptimizer``:
-    the fp32 masters of the 16-bit shards live in the optimizer."""
+    """:class:`ShardedTraining` for FSDP of a model cast to 16 bits before wrapping, trained
+    through a ``MixedPrecisionOptimizer``: the fp32 masters of its 16-bit shards live in
+    the optimizer. (Under a ``MixedPrecisionPolicy`` the shards are fp32 and are the
+    masters: FSDP itself is the :class:`ShardedTraining`.)"""
 
     def __init__(self, fsdp: FSDP, optimizer: MixedPrecisionOptimizer):
         shards = {id(u.shard): i for i, u in enumerate(fsdp.units)}
@@ -135,8 +137,10 @@ def _parts(model, optimizer) -> _Parts:
     if isinstance(optimizer, ZeroOptimizer):
         return _Parts(optimizer, optimizer.optimizer, optimizer.model)
     if isinstance(model, FSDP):
-        if isinstance(optimizer, MixedPrecisionOptimizer):
+        if isinstance(optimizer, MixedPrecisionOptimizer) and not optimizer.in_place:
             return _Parts(FSDPMasters(model, optimizer), optimizer.optimizer, model.module)
+        if isinstance(optimizer, MixedPrecisionOptimizer):  # the fp32 shards are the masters
+            optimizer = optimizer.optimizer
         optimized = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if any(id(m) not in optimized for m in model.masters):
             raise ValueError("the optimizer of an FSDP model must be built on fsdp.parameters()")

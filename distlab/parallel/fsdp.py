@@ -32,30 +32,29 @@ that one thread, in the same order on every rank.
 The optimizer trains the shards: build it with ``fsdp.parameters()``.
 
 **Mixed precision** (``mixed_precision=MixedPrecisionPolicy(param_dtype,
-reduce_dtype)``, the policy of PyTorch FSDP's native mixed precision in Zhao
-et al. 2023; Micikevicius et al. 2018, Section 3): the weights are cast once to
-``param_dtype``, so shards, all-gathers and compute are 16-bit; gradients
-are reduce-scattered in ``reduce_dtype``; the fp32 master of each shard is
-kept by a :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
-built on ``fsdp.parameters()`` (with a ``DynamicLossScaler`` for fp16).
-Per rank that is the ``mixed_adam`` recipe at ZeRO stage 3:
-(2 + 2 + 12)Ψ/K bytes. Each rank sees only its shard's gradients, so the
-optimizer asks :meth:`FSDP.any_rank` whether any rank overflowed: all ranks
-skip the same steps.
+reduce_dtype)``), as PyTorch's FSDP2 does it (Zhao et al. 2023, Section 3.2.3 for
+FSDP's mixed precision; Micikevicius et al. 2018, Section 3): the sharded
+parameters stay in the model's dtype (fp32) and *are* the master weights; each
+all-gather casts this rank's shard to ``param_dtype`` first, so the gathered
+weights, the forward and the backward are 16-bit and the gathers move half the
+bytes; the gradients are reduce-scattered in ``reduce_dtype`` and the result is
+cast to the shard's dtype. A plain torch optimizer, built on ``fsdp.parameters()``,
+steps fp32 shards. Per rank that is the ``fp32_adam`` recipe at ZeRO stage 3,
+(4 + 4 + 8)Ψ/K bytes, the same 16Ψ/K as the ZeRO paper's mixed-precision count
+(2 + 2 + 12)Ψ/K split another way: here the master is the parameter, there it is
+optimizer state; plus one unit's gathered 16-bit weights while it computes.
+For fp16 a loss scale is still needed (gradients below 2^-24 flush to zero in the
+16-bit backward): a :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
+with a ``DynamicLossScaler``, built on the FSDP model, steps the fp32 shards in place
+and asks :meth:`FSDP.any_rank` whether any rank overflowed (a rank sees only its
+shard's gradients), so all ranks skip the same steps.
 
-Two rules keep this equal to PyTorch's FSDP2, whose sharded parameters stay
-fp32 and are cast to ``param_dtype`` only for the all-gather:
-
-* the masters start from the **weights FSDP was given**, not from their
-  16-bit rounding. Before casting, FSDP keeps this rank's fp32 shard of the
-  original weights; the first ``MixedPrecisionOptimizer`` built on the model
-  takes them (:meth:`FSDP.take_fp32_shards`). A weight of size 2 to 4 would
-  otherwise start up to half a float16 ulp (2^-10, 9.8e-4) away.
-* a plain torch optimizer on the 16-bit shards of a policy-cast model is
-  **refused** at its ``step()`` (a ``RuntimeError``): it would update them
-  with no fp32 master, and updates below half an ulp would round away. (A
-  model you cast yourself and wrap with no policy trains its 16-bit shards
-  directly, the ``bf16_adam`` recipe, on purpose.)
+A model cast to 16 bits *before* wrapping, with no policy, has 16-bit shards: a
+plain optimizer then trains them directly (the ``bf16_adam`` recipe, whose updates
+below half an ulp round away), and a ``MixedPrecisionOptimizer`` keeps fp32 copies
+of them (``mixed_adam``, the paper's split; its masters start from the 16-bit
+weights). The policy is the better way to the same 16 bytes: the masters start from
+the fp32 weights themselves.
 
 **Gradients by name.** After backward the wrapped module's ``param.grad``
 is ``None`` (its full weights are freed) and two forms give the gradients:
@@ -96,7 +95,6 @@ from concurrent.futures import Future
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from distlab.collectives.buffers import Group
 
@@ -104,7 +102,7 @@ from .buckets import ReadyInOrder
 from .comm import Collectives, CommThread, broadcast_module_state
 from .flat import FlatGroup, named_parameter_index
 from .memory import storage_bytes
-from .mixed_precision import LOW_PRECISION, MixedPrecisionPolicy
+from .mixed_precision import MixedPrecisionPolicy
 
 WRAP_POLICIES = ("layer", "model")
 
@@ -137,47 +135,12 @@ def choose_units(module: nn.Module, wrap) -> list[tuple[str, nn.Module]]:
     return [("", module), *chosen]
 
 
-def _cast_parameters(module: nn.Module, dtype: torch.dtype | None) -> torch.dtype:
-    """Cast the trainable floating-point weights to ``dtype``; return the one dtype they share."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    if dtype is not None:
-        with torch.no_grad():
-            for p in params:
-                if p.is_floating_point():
-                    p.data = p.data.to(dtype)
-    dtypes = {p.dtype for p in params}
+def _weights_dtype(module: nn.Module) -> torch.dtype:
+    """The one dtype of the trainable weights (``ValueError`` if they mix dtypes)."""
+    dtypes = {p.dtype for p in module.parameters() if p.requires_grad}
     if len(dtypes) != 1:
         raise ValueError(f"FSDP needs one dtype for all weights, got {sorted(map(str, dtypes))}")
     return dtypes.pop()
-
-
-def _refuse_stepping_shards_without_master(optimizer, args, kwargs) -> None:
-    """A global ``torch.optim`` step pre-hook: refuse to step a 16-bit FSDP shard directly.
-
-    FSDP marks the shards of a model it cast to a 16-bit ``param_dtype``
-    (``shard.fsdp_param_dtype``); a ``MixedPrecisionOptimizer`` steps fp32
-    masters instead, which carry no mark.
-    """
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            dtype = getattr(p, "fsdp_param_dtype", None)
-            if dtype is not None:
-                raise RuntimeError(
-                    f"{type(optimizer).__name__} would step the {dtype} shards of "
-                    f"FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype={dtype})) with no "
-                    "fp32 master: updates below half an ulp would round away. Build "
-                    f"MixedPrecisionOptimizer(fsdp, {type(optimizer).__name__}, ...) instead; "
-                    "its fp32 masters start from the weights FSDP was given"
-                )
-
-
-_step_guard = None  # the handle of the hook above, registered by the first 16-bit FSDP
-
-
-def _guard_optimizer_steps() -> None:
-    global _step_guard
-    if _step_guard is None:
-        _step_guard = register_optimizer_step_pre_hook(_refuse_stepping_shards_without_master)
 
 
 def _is_number(value) -> bool:
@@ -205,25 +168,22 @@ def owner_of(module: nn.Module, unit_names: list[str]) -> dict[int, str]:
 
 
 class _Unit:
-    """One wrapped module: its flat group, the gathered buffer, and this rank's shard."""
+    """One wrapped module: its flat group, the gathered buffer, and this rank's shard.
 
-    def __init__(self, name: str, module: nn.Module, params: list[nn.Parameter], rank: int, k: int):
+    The shard keeps the weights' own dtype (the master, fp32 under a policy); the
+    gathered buffer, which the module's parameters are views into, is ``compute_dtype``."""
+
+    def __init__(self, name, module, params: list[nn.Parameter], rank: int, k: int, compute_dtype):
         self.name, self.module = name, module
         self.group = FlatGroup(params, rank, k)
-        self.full = torch.zeros(
-            self.group.padded_numel, dtype=self.group.dtype, device=self.group.device
-        )
-        self.group.bind(self.full)
-        self.shard = nn.Parameter(self.group.shard_of(self.full).clone())
+        flat = self.group.flatten([p.detach() for p in params])  # the weights as given
+        self.shard = nn.Parameter(self.group.shard_of(flat).clone())
+        self.full = torch.zeros(self.group.padded_numel, dtype=compute_dtype, device=flat.device)
+        self.group.bind(self.full)  # the parameters become compute_dtype views into it
         self.full_bytes = self.full.numel() * self.full.element_size()
         self.pending: Future | None = None  # a prefetched all-gather
         self.full_grad: torch.Tensor | None = None  # gathered by FSDP.gather_gradients
         self.free()
-
-    def fp32_shard(self, originals: dict[int, torch.Tensor]) -> torch.Tensor:
-        """This rank's shard of ``originals`` (``id(param) -> its fp32 weights``), padded."""
-        flat = self.group.flatten([originals[id(p)] for p in self.params], dtype=torch.float32)
-        return self.group.shard_of(flat).clone()
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -269,19 +229,11 @@ class FSDP(nn.Module):
         self.module = module
         self.comm = Collectives(algorithm, group)
         broadcast_module_state(module, self.comm)
-        low_precision = mixed_precision.param_dtype in LOW_PRECISION
-        originals = {}  # the weights as given, before the cast: where the masters start
-        if low_precision:
-            originals = {id(p): p.detach().float().clone() for p in module.parameters()}
-        self.param_dtype = _cast_parameters(module, mixed_precision.param_dtype)
+        self.shard_dtype = _weights_dtype(module)  # what the optimizer steps
+        self.param_dtype = mixed_precision.param_dtype or self.shard_dtype  # gathers, compute
         self.reduce_dtype = mixed_precision.reduce_dtype or self.param_dtype
         self.prefetch = prefetch
         self.units = self._build_units(choose_units(module, wrap))
-        self._fp32_shards = [u.fp32_shard(originals) for u in self.units] if originals else None
-        if low_precision:
-            for unit in self.units:
-                unit.shard.fsdp_param_dtype = self.param_dtype
-            _guard_optimizer_steps()
         for unit in self.units:
             unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
             unit.module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
@@ -306,7 +258,9 @@ class FSDP(nn.Module):
                     seen.add(id(p))
                     params.append(p)
             if params:
-                units.append(_Unit(name, m, params, self.comm.rank, self.comm.world_size))
+                units.append(
+                    _Unit(name, m, params, self.comm.rank, self.comm.world_size, self.param_dtype)
+                )
         return units
 
     # ----------------------------------------------------------- gathering ----
@@ -318,8 +272,8 @@ class FSDP(nn.Module):
         if unit.gathered:
             return
         unit.full.untyped_storage().resize_(unit.full_bytes)
-        with torch.no_grad():
-            self.comm.all_gather(unit.full, unit.shard.detach())
+        with torch.no_grad():  # the shard cast to param_dtype first: 16-bit gathers
+            self.comm.all_gather(unit.full, unit.shard.detach().to(unit.full.dtype))
         self.peak_materialised_bytes = max(self.peak_materialised_bytes, self.materialised_bytes())
 
     def _gather(self, unit: _Unit) -> None:
@@ -370,7 +324,7 @@ class FSDP(nn.Module):
                 unit.group.shard_numel, dtype=flat_grad.dtype, device=flat_grad.device
             )
             self.comm.reduce_scatter_mean(out, flat_grad)
-            out = out.to(unit.shard.dtype)  # reduce_dtype -> the shard's (param) dtype
+            out = out.to(unit.shard.dtype)  # reduce_dtype -> the shard's (master) dtype
             if unit.shard.grad is None:
                 unit.shard.grad = out
             else:
@@ -417,30 +371,21 @@ class FSDP(nn.Module):
 
     @property
     def masters(self) -> list[nn.Parameter]:
-        """This rank's shards, one per flat group: what a torch optimizer updates. A
-        ``MixedPrecisionOptimizer`` updates fp32 copies of them instead and rounds
-        back (see :class:`~distlab.parallel.checkpoint.FSDPMasters`)."""
+        """This rank's shards, one per flat group: what a torch optimizer updates (fp32
+        under a policy). A ``MixedPrecisionOptimizer`` on 16-bit shards (a model cast
+        before wrapping) updates fp32 copies instead and rounds back (see
+        :class:`~distlab.parallel.checkpoint.FSDPMasters`)."""
         return [u.shard for u in self.units]
 
     def after_load(self) -> None:
         """Nothing to do: the shards are the parameters (checkpoint loading hook)."""
 
-    def take_fp32_shards(self) -> list[torch.Tensor] | None:
-        """This rank's fp32 shards of the weights FSDP was given, one per unit, in the order
-        of ``parameters()``; ``None`` without a 16-bit ``param_dtype`` or once taken.
-
-        A :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer` built on the
-        model starts its masters from them; FSDP then lets go of them."""
-        shards, self._fp32_shards = self._fp32_shards, None
-        return shards
-
     def model_state_tensors(self) -> dict[str, list]:
-        """Shards (and any gathered units), their gradients (full ones if gathered) and the
-        fp32 shards no optimizer has taken yet (see :mod:`distlab.parallel.memory`)."""
+        """Shards (and any gathered units) and their gradients (full ones if gathered; see
+        :mod:`distlab.parallel.memory`)."""
         return {
             "parameters": [u.shard for u in self.units] + [u.full for u in self.units],
             "gradients": [u.shard.grad for u in self.units] + [u.full_grad for u in self.units],
-            "optimizer_states": list(self._fp32_shards or []),
         }
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -462,6 +407,13 @@ class FSDP(nn.Module):
         on every rank) changes what the optimizer steps. They hold Ψ elements per
         rank until the next forward or :meth:`zero_grad`.
         """
+        if self.shard_dtype != self.param_dtype:
+            raise ValueError(
+                f"gather_gradients puts the full gradient in each weight's .grad, but the "
+                f"gradients are {self.shard_dtype} shards and the gathered weights "
+                f"{self.param_dtype} (a MixedPrecisionPolicy): use full_gradients(), or "
+                "named_gradients() for this rank's parts"
+            )
         for unit in self.units:
             if unit.shard.grad is None or unit.full_grad is not None:
                 continue
@@ -472,6 +424,25 @@ class FSDP(nn.Module):
             unit.shard.grad = unit.group.shard_of(full)
             for p, view in zip(unit.params, unit.group.views(full)):
                 p.grad = view
+
+    @torch.no_grad()
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Parameter name -> its full gradient, in the shards' dtype (collective).
+
+        One all-gather per unit of the gradient shards, like ``DTensor.full_tensor()``
+        on FSDP2's sharded gradients; new tensors, so writing them changes nothing (use
+        :meth:`gather_gradients` or :meth:`named_gradients` for that)."""
+        names = named_parameter_index(self.module)
+        out = {}
+        for unit in self.units:
+            grad = unit.shard.grad
+            if grad is None:
+                continue
+            full = torch.empty(unit.group.padded_numel, dtype=grad.dtype, device=grad.device)
+            self.comm.all_gather(full, grad)
+            for p, view in zip(unit.params, unit.group.views(full)):
+                out[names[id(p)]] = view.clone()
+        return out
 
     def _drop_full_gradients(self) -> None:
         """Undo :meth:`gather_gradients`: keep this rank's part (a copy), free the rest."""

@@ -30,12 +30,13 @@ reaches every rank through the sum, so all ranks skip the same steps.
 
 With :class:`~distlab.parallel.fsdp.FSDP`, a :class:`MixedPrecisionPolicy`
 says which dtype the gathered weights (and so the compute) use and which
-dtype the gradients are reduce-scattered in; the optimizer is then this same
-:class:`MixedPrecisionOptimizer`, built on ``fsdp.parameters()``: its fp32
-masters are masters of this rank's *shards* (ZeRO-3's 16Ψ/K bytes). A rank
+dtype the gradients are reduce-scattered in, as PyTorch's FSDP2: the shards
+themselves stay fp32 and are the master weights, so a plain torch optimizer
+steps them. For fp16, :class:`MixedPrecisionOptimizer` built on the FSDP model
+adds the loss scale and steps those fp32 shards in place (no copy). A rank
 then sees only its own shard of the gradients, and an overflow may land in
-another rank's shard, so the model's ``any_rank(found_inf)`` (one
-all-reduce of a flag) makes every rank skip the same steps.
+another rank's shard, so the model's ``any_rank(found_inf)`` (one all-reduce
+of a flag) makes every rank skip the same steps.
 """
 
 from __future__ import annotations
@@ -57,16 +58,14 @@ FLOATING = (torch.float32, *LOW_PRECISION)
 class MixedPrecisionPolicy:
     """Which dtypes FSDP computes and communicates in (PyTorch FSDP's ``MixedPrecisionPolicy``).
 
-    * ``param_dtype``: the dtype of the sharded and gathered weights, so of
-      the forward and backward compute (``None``: keep the model's dtype).
-      FSDP casts the model's weights to it once, like ``model.to(dtype)``;
-      the fp32 masters live in the :class:`MixedPrecisionOptimizer`, and
-      start from the fp32 weights FSDP was given (it keeps their shards
-      until the optimizer takes them), not from their 16-bit rounding.
+    * ``param_dtype``: the dtype of the gathered weights, so of the forward and
+      backward compute (``None``: the model's dtype). The shards keep the
+      model's dtype (fp32: the master weights); each all-gather casts this
+      rank's shard to ``param_dtype`` first.
     * ``reduce_dtype``: the dtype gradients are summed in by the
       reduce-scatter (``None``: ``param_dtype``). fp32 rounds once, at the
       end, instead of after every addition; the shard's gradient is then
-      rounded to ``param_dtype`` (a parameter's ``.grad`` has its dtype).
+      cast to the shard's dtype.
     """
 
     param_dtype: torch.dtype | None = None
@@ -141,7 +140,12 @@ def _is_dynamic_scaler(obj) -> bool:
 
 
 class MixedPrecisionOptimizer:
-    """A 16-bit model trained through fp32 master weights.
+    """A model that computes in 16 bits, trained through fp32 master weights.
+
+    The masters are fp32 copies of a bf16/fp16 model's weights, updated and
+    rounded back after each step; or, for an :class:`~distlab.parallel.fsdp.FSDP`
+    model under a 16-bit :class:`MixedPrecisionPolicy`, its fp32 shards
+    themselves (FSDP2's design: they already are the masters), stepped in place.
 
     ``loss_scaler``: ``None`` (no scaling: right for bf16), a
     :class:`DynamicLossScaler` (or any object with a ``scale`` attribute and
@@ -162,10 +166,15 @@ class MixedPrecisionOptimizer:
     ):
         self.params = [p for p in model.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
-        if not dtypes or not dtypes <= set(LOW_PRECISION):
+        # FSDP under a 16-bit policy: fp32 shards, 16-bit gathered weights and compute
+        self.in_place = (
+            dtypes == {torch.float32} and getattr(model, "param_dtype", None) in LOW_PRECISION
+        )
+        if not dtypes or not (self.in_place or dtypes <= set(LOW_PRECISION)):
             raise ValueError(
                 f"MixedPrecisionOptimizer expects a bf16/fp16 model (cast it first with "
-                f"model.to(torch.bfloat16)); its parameters are {sorted(map(str, dtypes))}"
+                f"model.to(torch.bfloat16)) or an FSDP model with a 16-bit MixedPrecisionPolicy; "
+                f"its parameters are {sorted(map(str, dtypes))}"
             )
         if not (
             loss_scaler is None
@@ -179,19 +188,11 @@ class MixedPrecisionOptimizer:
         self.loss_scaler = loss_scaler
         # a model whose gradients are sharded (FSDP) says whether any rank overflowed
         self._any_rank = getattr(model, "any_rank", None)
-        self.masters = [nn.Parameter(w.float().clone()) for w in self._master_start(model)]
+        if self.in_place:
+            self.masters = self.params
+        else:
+            self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
         self.optimizer = optimizer_class(self.masters, **optimizer_kwargs)
-
-    def _master_start(self, model: nn.Module) -> list[torch.Tensor]:
-        """Where the masters start: the fp32 weights FSDP kept from before its cast (so no
-        low bits are lost), else the model's 16-bit weights."""
-        take = getattr(model, "take_fp32_shards", None)
-        kept = take() if take is not None else None
-        if kept is None:
-            return [p.detach() for p in self.params]
-        if [w.shape for w in kept] != [p.shape for p in self.params]:
-            raise ValueError("the model's fp32 shards do not match its trainable parameters")
-        return kept
 
     @property
     def scale(self) -> float:
@@ -215,6 +216,12 @@ class MixedPrecisionOptimizer:
             self.loss_scaler.update(found_inf)
             if found_inf:
                 return False
+        if self.in_place:  # the masters are the parameters: unscale their gradients
+            for grad in grads:
+                if grad is not None and scale != 1.0:
+                    grad.div_(scale)
+            self.optimizer.step()
+            return True
         for master, grad in zip(self.masters, grads):
             if grad is not None:
                 master.grad = grad.float() / scale
@@ -229,11 +236,12 @@ class MixedPrecisionOptimizer:
             p.grad = None
 
     def model_state_tensors(self) -> dict[str, list]:
-        """16-bit weights and gradients; masters and optimizer state (see memory)."""
+        """Weights and gradients; masters (unless they are the weights) and optimizer state."""
         states, counters = optimizer_state_tensors(self.optimizer)
+        masters = [] if self.in_place else self.masters
         return {
             "parameters": self.params,
             "gradients": [p.grad for p in self.params],
-            "optimizer_states": self.masters + states,
+            "optimizer_states": masters + states,
             "optimizer_step_counters": counters,
         }

@@ -16,8 +16,11 @@ what to call forward on and whose ``optimizer`` has ``step()`` and
 A bf16/fp16 model trains through fp32 master weights (the ``mixed_adam``
 recipe): :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
 for single, DDP and FSDP (masters of the shards), ZeRO's own master shards
-for ZeRO. For FSDP, ``mixed_precision=MixedPrecisionPolicy(...)`` casts an
-fp32 model and picks the reduce dtype.
+for ZeRO. For FSDP the better way is an fp32 model with
+``mixed_precision=MixedPrecisionPolicy(param_dtype=...)``, as FSDP2: the fp32
+shards are the masters and the plain optimizer steps them (``fp32_adam`` at
+stage 3); a ``loss_scaler`` (fp16) adds a ``MixedPrecisionOptimizer`` that
+steps them in place.
 
 :func:`train_step` does forward, backward (over ``micro_batches`` with the
 loss divided by their number) and the optimizer step on this rank's part of
@@ -88,7 +91,8 @@ def build(
         )
 
     def make_optimizer(module: nn.Module):
-        if next(module.parameters()).dtype in LOW_PRECISION:
+        low_precision = next(module.parameters()).dtype in LOW_PRECISION
+        if low_precision or "loss_scaler" in optimizer_kwargs:  # fp32 masters, a loss scale
             return MixedPrecisionOptimizer(module, optimizer_class, **optimizer_kwargs)
         return optimizer_class(module.parameters(), **optimizer_kwargs)
 
