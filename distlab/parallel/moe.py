@@ -170,9 +170,18 @@ class MoE(nn.Module):
             top_k=self.top_k,
             capacity_factor=self.capacity_factor,
         )
-        routing = route(self.router(tokens), top_k=self.top_k, capacity=capacity)
+        routing = route(self.router_logits(tokens), top_k=self.top_k, capacity=capacity)
         self.routing, self.aux_loss = routing, routing.load_balancing_loss()
         return routing
+
+    def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The router's scores, computed in fp32 whatever the rest runs in: Switch
+        Transformer's "selective precision" (Fedus et al. 2021, Section 2.4, Table 2). A
+        16-bit router flips top-k choices on rounding alone, and a flipped choice moves a
+        token to another expert, a large change; under ``torch.autocast`` the experts still
+        run in 16 bits."""
+        with torch.autocast(tokens.device.type, enabled=False):
+            return F.linear(tokens.float(), self.router.weight.float())
 
     def run_experts(self, slots: torch.Tensor) -> torch.Tensor:
         """``(E, C, hidden)`` -> ``(E, C, hidden)``: expert e on its own slots."""

@@ -113,4 +113,3 @@ class RecomputedBlock(nn.Module):
             use_reentrant=False,
             context_fn=lambda: (contextlib.nullcontext(), self.rng.replay(states)),
         )
-

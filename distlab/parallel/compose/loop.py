@@ -30,6 +30,20 @@ cp rank's tokens) is one routing group with its own capacity.
 the last pipeline rank, rank 0 of a V (ZB-V, DualPipeV), and for DualPipe both ends
 (each for the micro-batches its direction finishes, summed over the pipeline).
 
+**Precision** (``precision="bf16"`` or ``"fp16"``): the step runs under
+``torch.autocast``, so matmuls run in 16 bits on 16-bit copies of the fp32
+parameters, which are the master weights (the optimizer steps them as in fp32;
+their gradients are fp32, so every reduction over tp, dp, cp and the pipeline is
+fp32); FSDP gathers 16-bit copies of its fp32 shards (:func:`~.model.parallelize`).
+The loss is computed in fp32. fp16 adds dynamic loss scaling (Micikevicius et al.
+2018, Section 3.2; ``loss_scaler``, default :class:`DynamicLossScaler`): each loss
+is multiplied by the scale before backward; before the optimizer step every rank
+checks its own gradients (ZeRO-2 and FSDP: its shards) for inf/NaN and one
+all-reduce over the whole job (a 4-byte flag, not in the per-group trace) tells
+every rank whether any overflowed, so every rank of every stage skips the same
+steps (``ComposedRun.skipped_steps``) and halves the scale alike; otherwise the
+gradients are divided by the scale and the step goes on.
+
 **Agreement.** Before it builds a process group, :func:`train` checks that every rank
 got the same model and arguments: the layout field by field, steps, lr, the optimizer
 and its settings, aux_weight, split, context, algorithm, the batch (dtype, shape and a
@@ -43,6 +57,7 @@ on that rank, by name.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -59,6 +74,7 @@ from distlab.parallel.comm import Collectives
 from distlab.parallel.comm_trace import name_groups, trace_comm
 from distlab.parallel.context import split_sequence
 from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
+from distlab.parallel.mixed_precision import DynamicLossScaler, grads_are_finite
 from distlab.parallel.moe import average_moe_gradients
 from distlab.parallel.moe_gpt import MoELayerStats, moe_layers, routing_stats
 from distlab.parallel.pipeline import run_pipeline
@@ -66,7 +82,7 @@ from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.zero import ZeroOptimizer
 
 from .checkpoint import check_save_after, load_checkpoint, save_checkpoint
-from .model import ParallelModel, check_model, parallelize
+from .model import ParallelModel, check_model, compute_dtype, parallelize
 
 #: optimizer name -> (torch class, its keyword arguments, the
 #: :data:`distlab.calc.memory.RECIPES` entry whose bytes per parameter it keeps)
@@ -93,6 +109,8 @@ class ComposedRun:
     peak_activation_bytes: int  # the most the pipeline executor held for backward
     bytes_by_group: list[dict[str, int]] = field(default_factory=list)  # per step, wire bytes
     moe_stats: list[list[MoELayerStats]] = field(default_factory=list)  # per step, per MoE layer
+    precision: str = "fp32"
+    skipped_steps: list[int] = field(default_factory=list)  # fp16: steps skipped on overflow
 
 
 class PlainSGD:
@@ -142,6 +160,16 @@ def make_optimizer(parallel: ParallelModel, name: str, lr: float):
     return optimizer, optimizer
 
 
+def _scale_losses(stage, scaler) -> None:
+    """Multiply the stage's loss and side losses by ``scaler.scale`` (read at each call)."""
+    loss_of_tokens, side_loss = stage.loss_fn, stage.side_loss
+    stage.loss_fn = lambda logits, t: loss_of_tokens(logits, t) * scaler.scale
+    if side_loss is not None:
+        stage.side_loss = lambda chunk: (
+            None if (side := side_loss(chunk)) is None else side * scaler.scale
+        )
+
+
 def loss_ranks(schedule) -> tuple[int, ...]:
     """The pipeline ranks that compute the loss: the one holding the last virtual stage,
     and for DualPipe also the one ending the other direction's route."""
@@ -159,6 +187,25 @@ def balancing_loss(parallel: ParallelModel, chunk: int, weight: float) -> torch.
     if not layers:
         return None
     return weight * sum(layer.aux_loss for layer in layers)
+
+
+def unscale_or_skip(parallel: ParallelModel, step_with, scaler) -> bool:
+    """fp16's dynamic loss scaling, between backward and the optimizer step: ``True`` with
+    this rank's gradients divided by the scale, or ``False`` when a gradient overflowed
+    on any rank of the job (then every rank skips this step). The scaler backs off or
+    grows alike on every rank."""
+    grads = [p.grad for p in parallel.parameters() if p.grad is not None]
+    grads += list(getattr(step_with, "grad_shards", []))  # ZeRO-2: only its shards are left
+    device = parallel.parameters()[0].device
+    flag = torch.tensor([0.0 if grads_are_finite(grads) else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every stage too: all ranks skip alike
+    found_inf, scale = bool(flag.item()), scaler.scale
+    scaler.update(found_inf)
+    if found_inf:
+        return False
+    for grad in grads:
+        grad.div_(scale)
+    return True
 
 
 def my_batch(tokens: torch.Tensor, layout: Layout, coordinates: dict, split: str) -> torch.Tensor:
@@ -221,6 +268,8 @@ def train(
     save_to: str | None = None,
     save_after: int | None = None,
     resume_from: str | None = None,
+    precision: str = "fp32",
+    loss_scaler: DynamicLossScaler | None = None,
 ) -> ComposedRun:
     """Train ``model`` (the same plain GPT or MoEGPT on every rank) under ``layout`` for
     ``steps`` steps on the batch ``tokens``/``targets`` (b sequences, the same on every
@@ -229,7 +278,9 @@ def train(
     ``optimizer``: a key of :data:`OPTIMIZERS`; ``aux_weight``: the MoE balancing loss's
     weight; ``split``: how sequences are cut over cp; ``context``: the cp ranks' attention
     ("ring", "all_gather" or "ulysses"); ``algorithm``: distlab's all-reduce
-    for tp and dp (:data:`distlab.parallel.comm.ALGORITHMS`).
+    for tp and dp (:data:`distlab.parallel.comm.ALGORITHMS`); ``precision``: "fp32",
+    "bf16" or "fp16" (module docstring), ``loss_scaler``: fp16's scaler (default
+    ``DynamicLossScaler()``; only with fp16).
 
     Checkpoints (:mod:`.checkpoint`, any layout): ``resume_from``: a checkpoint folder
     loaded before the first step (``steps`` then counts the steps still to run);
@@ -243,6 +294,14 @@ def train(
     aux_weight = nonnegative("aux_weight", aux_weight)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+    dtype = compute_dtype(precision)
+    if loss_scaler is not None and dtype is not torch.float16:
+        raise ValueError(f"loss_scaler is for precision='fp16', got precision={precision!r}")
+    if dtype is torch.float16:
+        loss_scaler = DynamicLossScaler() if loss_scaler is None else loss_scaler
+        if save_to is not None or resume_from is not None:
+            raise ValueError("precision='fp16' with checkpoints is not supported: the loss "
+                             "scale is not saved (use 'bf16', which needs no scale)")  # fmt: skip
     check_batch(tokens, targets, model.config)
     check_model(model, layout, split=split, context=context)
     check_divisible(
@@ -264,42 +323,58 @@ def train(
             "save_to": save_to,
             "save_after": save_after,
             "resume_from": resume_from,
+            "precision": precision,
+            "the loss scale": None if loss_scaler is None else loss_scaler.scale,
             "the model's config": model.config,
             "the model's MoE config": getattr(model, "moe_config", None),
             **parameters("the model", model),
         },
         hint="every rank must call train with the same model and arguments",
     )
-    parallel = parallelize(model, layout, split=split, context=context, algorithm=algorithm)
+    parallel = parallelize(
+        model, layout, split=split, context=context, algorithm=algorithm, precision=precision
+    )
     mesh, where = parallel.mesh, parallel.mesh.coordinates
     if aux_weight:
         parallel.stage.side_loss = lambda chunk: balancing_loss(parallel, chunk, aux_weight)
+    if loss_scaler is not None:  # fp16: backward starts from the scaled losses
+        _scale_losses(parallel.stage, loss_scaler)
     step_with, state_holder = make_optimizer(parallel, optimizer, lr)
     done = 0 if resume_from is None else load_checkpoint(resume_from, parallel, step_with, model)
     check_save_after(save_to, save_after, done, steps)
     my_tokens, my_targets = (my_batch(t, layout, where, split) for t in (tokens, targets))
     data_parallel = Collectives(algorithm, group=mesh["dp-cp"])
-    losses, step_seconds, peak, sent, stats = [], [], 0, [], []
+    losses, step_seconds, peak, sent, stats, skipped = [], [], 0, [], [], []
+    autocast = (
+        torch.autocast(parallel.parameters()[0].device.type, dtype=dtype)
+        if dtype is not None
+        else contextlib.nullcontext()
+    )
     my_moe_layers = moe_layers(torch.nn.ModuleList(parallel.stage.chunks.values()))
     holds_loss = where["pp"] in loss_ranks(parallel.schedule)
     spread = layout.pp > 1 and (aux_weight > 0 or parallel.schedule.bidirectional)
     for step in range(done + 1, done + steps + 1):
         start = time.perf_counter()
+        scale = 1.0 if loss_scaler is None else loss_scaler.scale  # this step's loss scale
         with trace_comm() as trace:
             name_groups({name: mesh[name] for name in GROUP_NAMES})
             step_with.zero_grad(set_to_none=True)
-            run = run_pipeline(
-                parallel.schedule, parallel.stage, my_tokens, my_targets,
-                stage_ranks=mesh.ranks("pp"),
-            )  # fmt: skip
+            with autocast:
+                run = run_pipeline(
+                    parallel.schedule, parallel.stage, my_tokens, my_targets,
+                    stage_ranks=mesh.ranks("pp"),
+                )  # fmt: skip
             parallel.finish_gradients()
             if layout.zero_stage == 0:
                 modules = torch.nn.ModuleList(parallel.stage.chunks.values())
                 average_moe_gradients(modules, mesh, algorithm=algorithm)
-            step_with.step()
+            if loss_scaler is None or unscale_or_skip(parallel, step_with, loss_scaler):
+                step_with.step()
+            else:
+                skipped.append(step)
         sent.append(_bytes_by_group(trace))
         stats.append([routing_stats(layer) for layer in my_moe_layers])  # the last micro-batch
-        loss = torch.tensor([run.loss or 0.0], dtype=torch.float64)
+        loss = torch.tensor([(run.loss or 0.0) / scale], dtype=torch.float64)
         if spread:  # side losses on every stage, or DualPipe's two ends
             dist.all_reduce(loss, group=mesh["pp"])
         if holds_loss:
@@ -324,4 +399,6 @@ def train(
         peak_activation_bytes=peak,
         bytes_by_group=sent,
         moe_stats=stats,
+        precision=precision,
+        skipped_steps=skipped,
     )

@@ -62,6 +62,7 @@ from distlab.parallel.context import ContextGroup, Ring, chunk_count
 from distlab.parallel.context_gather import KVGather
 from distlab.parallel.fsdp import FSDP
 from distlab.parallel.mesh import ParallelMesh, build_mesh
+from distlab.parallel.mixed_precision import MixedPrecisionPolicy
 from distlab.parallel.moe import MoE
 from distlab.parallel.moe_gpt import ParallelMoEBlock
 from distlab.parallel.pipeline import PipelineStage, Schedule, build
@@ -87,6 +88,16 @@ SPLITS = ("zigzag", "contiguous")
 BLOCKS = (ParallelBlock, ParallelMoEBlock)
 #: how the context-parallel ranks compute attention over the whole sequence
 CONTEXT_ATTENTION = {"ring": Ring, "all_gather": KVGather, "ulysses": Ulysses}
+#: ``precision``: the dtype the matmuls run in (``None``: fp32 throughout); see :func:`parallelize`
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def compute_dtype(precision: str) -> torch.dtype | None:
+    """The 16-bit dtype ``precision`` computes in, ``None`` for "fp32"; ``ValueError`` naming
+    a precision that is not one of :data:`PRECISIONS`."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+    return PRECISIONS[precision]
 
 
 @dataclass
@@ -245,8 +256,9 @@ def cut_stage(gpt: ParallelGPT, stage: int, schedule: Schedule) -> PipelineStage
         tied = [gpt.tok.weight] if peer is not None else []
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # in fp32 whatever the matmuls ran in (autocast does the same for F.cross_entropy)
         return vocab_parallel_cross_entropy(
-            logits, targets, gpt.comm, start=gpt.tok.start, vocab=gpt.config.vocab
+            logits.float(), targets, gpt.comm, start=gpt.tok.start, vocab=gpt.config.vocab
         )
 
     return PipelineStage(
@@ -279,6 +291,7 @@ def parallelize(
     context: str = "ring",
     algorithm: str = "ring",
     seed: int = 0,
+    precision: str = "fp32",
 ) -> ParallelModel:
     """Apply ``layout``'s parallelisms to ``model`` in :data:`ORDER` (module docstring).
 
@@ -286,6 +299,13 @@ def parallelize(
     ``split``: how sequences are cut over cp; ``context``: how the cp ranks attend over
     the whole sequence (a key of :data:`CONTEXT_ATTENTION`); ``algorithm``: the tensor-parallel
     all-reduce (:data:`distlab.parallel.comm.ALGORITHMS`).
+
+    ``precision`` (:data:`PRECISIONS`): "bf16" or "fp16" computes in 16 bits as torch's
+    automatic mixed precision does: the parameters stay fp32 (they are the master
+    weights, and their gradients, reduced over tp, dp and cp, are fp32), and the loop
+    runs the step under ``torch.autocast``, so each matmul runs on 16-bit copies. FSDP
+    chunks get FSDP2's ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)``:
+    fp32 shards, 16-bit all-gathers, gradients reduce-scattered in fp32.
 
     Dropout (``model.config.dropout > 0``) with tp > 1 follows Megatron's RNG tracker
     (:mod:`distlab.parallel.tensor.rng`): the default random stream is reseeded with
@@ -295,6 +315,7 @@ def parallelize(
     if not isinstance(layout, Layout):
         raise TypeError(f"layout must be a distlab Layout, got {type(layout).__name__}")
     schedule = check_model(model, layout, split=split, context=context)
+    dtype = compute_dtype(precision)
     if not dist.is_initialized():
         raise RuntimeError("no process group: call parallelize inside distlab.run(...)")
     mesh = build_mesh(layout) if mesh is None else mesh
@@ -320,8 +341,14 @@ def parallelize(
             ))  # fmt: skip
     wrappers = []
     if layout.fsdp:  # 5. data: FSDP; ZeRO-1/2 and plain averaging live in the optimizer step
+        policy = MixedPrecisionPolicy(
+            param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None
+        )
         for chunk, module in list(stage.chunks.items()):
-            wrapper = FSDP(module, group=mesh["dp-cp"], wrap="layer", algorithm=algorithm)
+            wrapper = FSDP(
+                module, group=mesh["dp-cp"], wrap="layer", algorithm=algorithm,
+                mixed_precision=policy,
+            )  # fmt: skip
             stage.chunks[chunk] = wrapper
             wrappers.append(wrapper)
     return ParallelModel(layout, mesh, gpt, stage, schedule, wrappers, context_groups)
