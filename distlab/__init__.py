@@ -10,6 +10,9 @@ The two entry points most people need::
     import distlab
     results = distlab.run(fn, world_size=4)   # fn(rank, world_size) on 4 processes
     rank, world_size = distlab.init()         # inside a script started by torchrun
+
+In a notebook, ``%load_ext distlab`` adds ``%ranks`` and ``%%ranks``: N ranks that keep
+their namespaces between cells, to explore on (:mod:`distlab.ranks`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import importlib
 __version__ = "0.1.0"
 
 _LAUNCH_NAMES = {"run", "init", "shutdown", "RankError", "LaunchTimeoutError"}
-_SUBMODULES = {"calc", "sim", "collectives", "parallel", "placement", "viz", "launch"}
+_SUBMODULES = {"calc", "sim", "collectives", "parallel", "placement", "viz", "launch", "ranks"}
 
 __all__ = [
     "LaunchTimeoutError",
@@ -31,6 +34,7 @@ __all__ = [
     "launch",
     "parallel",
     "placement",
+    "ranks",
     "run",
     "shutdown",
     "sim",
@@ -48,3 +52,14 @@ def __getattr__(name: str):
     if name in _SUBMODULES:
         return importlib.import_module(f"distlab.{name}")
     raise AttributeError(f"module 'distlab' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext distlab``: the ``%ranks`` and ``%%ranks`` magics (:mod:`distlab.ranks`,
+    imported only now, so that ``import distlab`` stays light)."""
+    importlib.import_module("distlab.ranks").load_ipython_extension(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    """``%unload_ext distlab``: stop the ranks."""
+    importlib.import_module("distlab.ranks").unload_ipython_extension(ipython)

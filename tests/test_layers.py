@@ -4,8 +4,9 @@ The floors, ground first (the README's "What is inside" shows the same map):
 
 0. ``distlab.core`` (units, argument checks, the rank layout, both schedule types, the
    course layout), ``distlab.progress``, ``distlab.withheld``: pure Python, no torch;
-1. ``distlab.launch``, ``distlab.models``, ``distlab.collectives``: processes, models,
-   collective algorithms (schedule builders, and the executors that run them on torch);
+1. ``distlab.launch``, ``distlab.ranks``, ``distlab.models``, ``distlab.collectives``:
+   processes (and ranks kept alive between notebook cells), models, collective algorithms
+   (schedule builders, and the executors that run them on torch);
 2. ``distlab.sim``: topologies, closed-form costs, replays of both schedule kinds, and the
    algorithm registry that joins a schedule builder, its cost and its runner;
 3. ``distlab.calc``: calculators and the planner;
@@ -36,7 +37,7 @@ PACKAGES = ("distlab", "flashcards")
 #: floor -> module prefixes (a module belongs to the longest prefix that names it)
 FLOORS = {
     0: ("distlab.core", "distlab.progress", "distlab.withheld"),
-    1: ("distlab.launch", "distlab.models", "distlab.collectives"),
+    1: ("distlab.launch", "distlab.ranks", "distlab.models", "distlab.collectives"),
     2: ("distlab.sim",),
     3: ("distlab.calc",),
     4: ("distlab.placement",),

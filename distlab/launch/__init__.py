@@ -44,7 +44,7 @@ at the top of the script and then ``fn(rank, world_size)``.
 
 The modules, in reading order (each reads on its own):
 
-``parent``    ``run`` itself, then the helpers it calls, in the order it calls them
+``parent``    ``run`` itself and ``start_job`` (its first half), then the helpers they call
 ``messages``  what parent and worker send each other, and when
 ``worker``    the worker process: its loop, and running one job as one rank
 ``errors``    :class:`RankError`, :class:`LaunchTimeoutError`, what each rank did

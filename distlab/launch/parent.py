@@ -1,7 +1,9 @@
 """The parent's side of ``run``: start or reuse workers, hand out a job, gather the results.
 
-``run`` comes first; below it, the helpers it calls, in the order it calls them:
-checking the arguments, taking warm workers from the pool (or starting fresh ones),
+``run`` comes first, then ``start_job``, its first half (a job that talks with the parent
+while it runs, such as :mod:`distlab.ranks`, starts with it alone); below them, the helpers
+they call, in the order they call them: checking the arguments, taking warm workers from the
+pool (or starting fresh ones),
 collecting what the ranks send (their output, their results, or the failure that stops
 every rank), relaying what native code wrote to each worker's stderr, and putting the
 workers back in the pool. The messages are in :mod:`distlab.launch.messages`, what a
@@ -76,6 +78,58 @@ def run(
     if the job runs past ``timeout`` seconds; in both cases every worker of
     the job is killed first, so nothing is left behind.
     """
+    job = start_job(fn, world_size, backend=backend, args=args, timeout=timeout, warm=warm)
+    workers = job.workers
+    try:
+        results = _collect(workers, job.deadline, job.timeout, show_output)
+    except BaseException:
+        _relay_native_output(workers, show_output)
+        job.kill()
+        raise
+    finally:
+        job.store = None
+    _relay_native_output(workers, show_output)
+    if warm:
+        _return_workers(workers)
+    else:
+        for worker in workers:
+            worker.conn.send(None)
+            worker.kill()
+    return results
+
+
+@dataclass
+class StartedJob:
+    """A job whose ranks are running: what :func:`start_job` returns. ``workers`` are in
+    rank order; ``store`` is the rendezvous they joined, kept as long as the job runs (a
+    subgroup the job creates meets there too); ``deadline`` is when ``timeout`` (checked,
+    in seconds) ends, counted from the start (``time.monotonic()``)."""
+
+    workers: list[_Worker]
+    store: object
+    timeout: float
+    deadline: float
+
+    def kill(self) -> None:
+        """Kill every rank, with whatever it started (see :meth:`_Worker.kill`)."""
+        for worker in self.workers:
+            worker.kill()
+
+
+def start_job(
+    fn,
+    world_size: int,
+    *,
+    backend: str = "gloo",
+    args: tuple = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    warm: bool = True,
+) -> StartedJob:
+    """Start ``fn(rank, world_size, *args)`` on ``world_size`` workers and return at once:
+    the first half of :func:`run`, which then collects the results. A job that talks with
+    the parent while it runs (:mod:`distlab.ranks`, ranks that run notebook cells) starts
+    with it too, and reads its workers' messages with :func:`receive`. ``timeout`` bounds
+    the start, and sets the process group's own timeout (:func:`process_group_timeout`)."""
     world_size, timeout, args = _check_arguments(fn, world_size, backend, timeout, args)
     import torch.distributed as dist
 
@@ -89,41 +143,28 @@ def run(
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout),
     )
-    workers: list[_Worker] = []
-    prefix = f"distlab-{os.getpid()}-{time.monotonic_ns()}/"
+    workers = _take_workers(world_size, warm, deadline)  # on any error it kills its own
+    job = Job(
+        rank=0,
+        world_size=world_size,
+        backend=backend,
+        host="127.0.0.1",
+        port=store.port,
+        prefix=f"distlab-{os.getpid()}-{time.monotonic_ns()}/",
+        payload=payload,
+        timeout=timeout,
+        cwd=os.getcwd(),
+        sys_path=list(sys.path),
+        threads=threads_per_rank(world_size),
+    )
     try:
-        workers = _take_workers(world_size, warm, deadline)
-        job = Job(
-            rank=0,
-            world_size=world_size,
-            backend=backend,
-            host="127.0.0.1",
-            port=store.port,
-            prefix=prefix,
-            payload=payload,
-            timeout=timeout,
-            cwd=os.getcwd(),
-            sys_path=list(sys.path),
-            threads=threads_per_rank(world_size),
-        )
         for rank, worker in enumerate(workers):
             worker.conn.send(job._replace(rank=rank))
-        results = _collect(workers, deadline, timeout, show_output)
     except BaseException:
-        _relay_native_output(workers, show_output)
         for worker in workers:
             worker.kill()
         raise
-    finally:
-        del store
-    _relay_native_output(workers, show_output)
-    if warm:
-        _return_workers(workers)
-    else:
-        for worker in workers:
-            worker.conn.send(None)
-            worker.kill()
-    return results
+    return StartedJob(workers, store, timeout, deadline)
 
 
 #: The most ranks ``run`` starts: each is a process on this machine (with torch loaded and
@@ -351,29 +392,29 @@ def _collect(workers: list[_Worker], deadline: float, timeout: float, show_outpu
             raise _timeout_error(workers, pending, timeout)
         for conn in wait([workers[r].conn for r in pending], timeout=remaining):
             rank = rank_of[conn]
-            message = _receive(workers[rank])
+            message = receive(workers[rank])
             if isinstance(message, Output):
                 if show_output:
-                    _print_rank_output(rank, message.stream, message.text)
+                    print_rank_output(rank, message.stream, message.text)
             elif isinstance(message, Result):
                 results[rank] = cloudpickle.loads(message.payload)
                 pending.discard(rank)
-            elif isinstance(message, Failure | _Died):
+            elif isinstance(message, Failure | Died):
                 finished = set(range(len(workers))) - pending
                 raise _rank_error(workers, {rank: message}, finished)
     return results
 
 
-def _receive(worker: _Worker):
-    """The worker's next message, or a :class:`_Died` if its process is gone."""
+def receive(worker: _Worker):
+    """The worker's next message, or a :class:`Died` if its process is gone."""
     try:
         return worker.conn.recv()
     except (EOFError, OSError):  # the process is gone without a word (closed or reset)
         code = worker.process.wait()
-        return _Died(code, worker.native_output())
+        return Died(code, worker.native_output())
 
 
-class _Died(NamedTuple):
+class Died(NamedTuple):
     """Not a message: what the parent records for a worker whose process ended without a
     word. ``last_words``: what it wrote to its native stderr (gloo's abort message, say)."""
 
@@ -381,7 +422,7 @@ class _Died(NamedTuple):
     last_words: str = ""
 
 
-def _print_rank_output(rank: int, stream: str, text: str) -> None:
+def print_rank_output(rank: int, stream: str, text: str) -> None:
     """Print a rank's text on this process's ``stream``, each new line prefixed ``[rank r]``."""
     target = sys.stdout if stream == "stdout" else sys.stderr
     out = []
@@ -403,15 +444,15 @@ def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> R
     while time.monotonic() < grace:
         waiting = {w.conn: r for r, w in enumerate(workers) if r not in failures.keys() | finished}
         for conn in wait(list(waiting), timeout=max(grace - time.monotonic(), 0)):
-            message = _receive(workers[waiting[conn]])
-            if isinstance(message, Failure | _Died):
+            message = receive(workers[waiting[conn]])
+            if isinstance(message, Failure | Died):
                 failures[waiting[conn]] = message
             elif isinstance(message, Result):
                 finished.add(waiting[conn])
     outcomes = tuple(_outcome(r, failures.get(r), r in finished) for r in range(len(workers)))
     raised = {r: m for r, m in failures.items() if isinstance(m, Failure)}
     own = {r: m for r, m in raised.items() if not m.peer_failed}
-    died = [r for r, m in failures.items() if isinstance(m, _Died)]
+    died = [r for r, m in failures.items() if isinstance(m, Died)]
     if own or (raised and not died):
         candidates = own or raised
         first = min(candidates, key=lambda r: candidates[r].failed_at)
@@ -429,11 +470,11 @@ def _rank_error(workers: list[_Worker], failures: dict, finished: set[int]) -> R
 
 
 def _outcome(rank: int, failure, finished: bool) -> RankOutcome:
-    """What ``rank`` did: its :class:`Failure` or :class:`_Died` if it sent one, else
+    """What ``rank`` did: its :class:`Failure` or :class:`Died` if it sent one, else
     whether it had finished."""
     if isinstance(failure, Failure):
         return RankOutcome(rank, PEER_FAILED if failure.peer_failed else RAISED, failure.summary)
-    if isinstance(failure, _Died):
+    if isinstance(failure, Died):
         return RankOutcome(rank, DIED, f"its process exited with code {failure.exit_code}")
     return RankOutcome(rank, FINISHED if finished else STOPPED)
 
@@ -478,7 +519,7 @@ def _timeout_error(workers: list[_Worker], pending: set[int], timeout: float):
     return LaunchTimeoutError("\n".join(lines), stuck, stacks, collectives)
 
 
-def _job_frames(stack: str) -> list[tuple[str, str, str]] | None:
+def job_frames(stack: str) -> list[tuple[str, str, str]] | None:
     """(file, line, function) of the thread running the job in a faulthandler dump of a
     worker, innermost first, down to the launcher's ``_run_job`` (None if not found)."""
     for block in stack.split("\n\n"):
@@ -494,7 +535,7 @@ def where_stuck(stack: str, depth: int = 5) -> str:
     a worker: the thread running the job (the one that came from the worker's
     ``_worker_main``), innermost first, without the launcher's own frames (``_run_job`` and
     below it)."""
-    frames = _job_frames(stack)
+    frames = job_frames(stack)
     if frames is None:
         return "an unknown place (its stack could not be read)"
     if not frames:
@@ -512,7 +553,7 @@ def collective_in(stack: str) -> str:
     ``"distlab's ring_all_reduce"`` (a function of :mod:`distlab.collectives`),
     ``"torch.distributed.all_reduce"`` (a function of torch's ``distributed_c10d``), the
     end-of-job barrier, or "" for none."""
-    frames = _job_frames(stack) or []
+    frames = job_frames(stack) or []
     for path, _, name in reversed(frames):  # outermost first: the call the job made
         if name == FINISHED_FRAME:
             return IN_FINAL_BARRIER

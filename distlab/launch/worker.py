@@ -32,6 +32,7 @@ import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from typing import NamedTuple
 
 import cloudpickle
 
@@ -58,7 +59,9 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     import torch.distributed as dist  # the expensive import, paid once per worker
 
+    global _channel
     lock = threading.Lock()
+    _channel = JobChannel(conn, lock)
     conn.send(Ready(_stack_file()))
     while True:
         try:
@@ -77,14 +80,7 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
         try:
             reply = Result(cloudpickle.dumps(_run_job(dist, job)))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-            failed_at = time.time()  # before peers notice: they fail a moment later
-            reply = Failure(
-                type(exc).__name__,
-                traceback.format_exc(),
-                failed_at,
-                _caused_by_peer(exc),
-                _summary(exc),
-            )
+            reply = failure(exc)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -94,6 +90,44 @@ def _worker_main(conn: Connection, parent_pid: int) -> None:
         if isinstance(reply, Failure):  # not reused: its process group state is unknown
             _stop_process_groups(dist)
             return
+
+
+def failure(exc: BaseException) -> Failure:
+    """What the parent is told about ``exc``, which the job's function raised (call it in
+    the ``except`` block: the traceback is the one being handled)."""
+    failed_at = time.time()  # before peers notice: they fail a moment later
+    summary = _summary(exc)
+    return Failure(
+        type(exc).__name__, traceback.format_exc(), failed_at, _caused_by_peer(exc), summary
+    )
+
+
+class JobChannel(NamedTuple):
+    """A running job's own line to the parent: the worker's socket, which the worker loop
+    does not read while a job runs. A job that talks with the parent as it runs (the ranks
+    of :mod:`distlab.ranks`, which wait for notebook cells) sends and receives its own
+    messages here; ``lock`` is the one the rank's printed lines are sent under, so that a
+    message never lands in the middle of one."""
+
+    conn: Connection
+    lock: threading.Lock
+
+    def send(self, message) -> None:
+        with self.lock:
+            self.conn.send(message)
+
+    def recv(self):
+        return self.conn.recv()
+
+
+_channel: JobChannel | None = None  # set when the worker starts
+
+
+def job_channel() -> JobChannel:
+    """The running job's :class:`JobChannel` (only inside a function run by a worker)."""
+    if _channel is None:
+        raise RuntimeError("job_channel() works only in a function that a distlab worker runs")
+    return _channel
 
 
 def _watch_parent(parent_pid: int) -> None:

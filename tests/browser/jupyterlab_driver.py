@@ -205,6 +205,8 @@ _JS_REPORT = """async () => {
       index: i,
       source: cell.model.sharedModel.getSource(),
       execution_count: cell.model.executionCount,
+      text: outputs.map(o => o.text || (o.data && o.data['text/plain']) || '')
+                   .map(t => Array.isArray(t) ? t.join('') : t).join(''),
       errors: outputs.filter(o => o.output_type === 'error')
                      .map(o => ({ename: o.ename, evalue: o.evalue})),
       png_outputs: outputs.filter(o => o.data && o.data['image/png']
@@ -228,6 +230,7 @@ class CellReport:
     index: int
     source: str
     execution_count: int | None
+    text: str = ""  # the cell's streams and text/plain outputs, joined
     errors: list[dict] = field(default_factory=list)
     png_outputs: int = 0
     widget_outputs: int = 0

@@ -75,6 +75,10 @@ def test_run_all_course_notebook(lab: LabPage, lab_root: Path, name: str):
         assert c.widgets_drawn >= c.widget_outputs, f"cell {c.index}: a widget was not drawn"
         assert not c.widget_errors, f"cell {c.index}: {c.widget_errors}"
 
+    ranks_cells = [c for c in cells if c.source.startswith("%%ranks")]
+    if ranks_cells:  # %%ranks sections: every rank answered, equal values shown once
+        assert any("[ranks 0-3]" in c.text for c in ranks_cells), [c.text for c in ranks_cells]
+
     if any(PLAYER_CALL in c.source for c in cells):
         check_player_slider_redraws(lab, next(c.index for c in cells if PLAYER_CALL in c.source))
     lab.close_and_shutdown()
