@@ -167,6 +167,8 @@ def activation_bytes_per_layer(
     sequence_parallel: bool = False,
     recompute: str = "none",
     flash_attention: bool = False,
+    dropout: bool = True,
+    bytes_per_element: int = 2,
 ) -> float:
     """Bytes of activations one transformer layer keeps for the backward pass, per GPU.
 
@@ -198,6 +200,13 @@ def activation_bytes_per_layer(
     with sequence parallelism that input is itself split along the sequence,
     so this function returns 2sbh/t there (Table 2 lists 2sbh, the value
     without sequence parallelism).
+
+    Two settings generalise the table to the run in front of you (the defaults give
+    the table): ``dropout=False`` drops the dropout terms (the masks, 1 byte per
+    element: 2sbh and as²b, and the dropout output, 2as²b); ``bytes_per_element``
+    is the activations' size (4 for fp32; the masks stay 1 byte). The 34 then reads
+    (4e + 2·dropout) replicated + 12e split + (e(1 + dropout) + dropout)as/h
+    scores, and full recomputation keeps e·sbh.
     """
     s = positive_int("seq_len", seq_len)
     b = positive_int("micro_batch", micro_batch)
@@ -208,13 +217,18 @@ def activation_bytes_per_layer(
     divides("tp", t, "heads", a)
     if sequence_parallel:
         divides("tp", t, "seq_len", s)
+    e = positive_int("bytes_per_element", bytes_per_element)
+    masks = 1 if dropout else 0  # one byte per element of each dropout mask
     sbh = s * b * h
     if recompute == "full":
-        return 2 * sbh / (t if sequence_parallel else 1)
-    score_term = 0.0 if (recompute == "selective" or flash_attention) else 5 * a * s / h
+        return e * sbh / (t if sequence_parallel else 1)
+    replicated = 4 * e + 2 * masks  # layer-norm inputs, QKV and fc1 inputs (+ 2 dropout masks)
+    split = 12 * e  # Q, K, V, the projection's input, GeLU's input and output: over t
+    scores = e * (1 + masks) + masks  # softmax output (+ dropout output and mask), x as/h
+    score_term = 0.0 if (recompute == "selective" or flash_attention) else scores * a * s / h
     if sequence_parallel:
-        return sbh / t * (34 + score_term)
-    return sbh * (10 + 24 / t + score_term / t)
+        return sbh / t * (replicated + split + score_term)
+    return sbh * (replicated + split / t + score_term / t)
 
 
 def gpt_layer_params(hidden: int) -> int:

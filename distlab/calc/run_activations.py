@@ -1,0 +1,172 @@
+"""What one rank of a composed run keeps for backward, term by term (the bytes its peak is
+checked against).
+
+:func:`distlab.calc.memory.activation_bytes_per_layer` is Korthikanti et al.'s count of one
+transformer layer. A run keeps more, and the pipeline decides how many micro-batches'
+worth at once. For one rank of a :class:`~distlab.core.layout.Layout` running
+:func:`distlab.parallel.compose.train` on a dense GPT, per micro-batch of b sequences of
+s tokens (e bytes per activation: 4 in fp32), per model chunk the rank runs:
+
+* **layers**: Korthikanti et al. 2022, Table 2, for the chunk's layers:
+  ``activation_bytes_per_layer(..., dropout=p > 0, bytes_per_element=e)``, one term, so
+  the paper's table reads the same here as in notebook 07;
+* **layer-norm statistics**: every LayerNorm keeps a mean and a 1/std per token, in fp32,
+  for its backward (8 bytes a token; two norms a layer): not in the paper's count
+  (:mod:`distlab.parallel.tensor.activations` measures them apart); over t with sequence
+  parallelism; none under full recomputation (the norm is recomputed);
+* **embedding** (the chunk holding the first part): the token ids the lookup keeps
+  (int64, b s), the position ids (int64, s) and the vocabulary-parallel embedding's
+  mask of the tokens this rank's rows hold, multiplied into its output (b s elements of
+  e bytes);
+* **final norm and head** (the chunk holding the last part): the final LayerNorm's
+  input and statistics and the output layer's input (e b s h each, over t with sequence
+  parallelism, whose output layer keeps its local slice and gathers it again in
+  backward), and the **logits and loss**: the vocabulary-parallel cross-entropy keeps the
+  rank's logits in fp32 whatever the matmuls ran in (b s ceil(V/t) x 4 bytes), the
+  log-sum-exp per token (fp32), the targets shifted to its rows (int64) and which of
+  them are its own (1 byte);
+* **in flight**: the executor adds a chunk's bytes at each forward and frees them at its
+  backward (B, or W when the backward is split), so the rank's peak is the largest sum
+  over its schedule's actions in order (:func:`in_flight_peak`): 1F1B holds up to
+  p - r micro-batches on rank r, GPipe all m.
+
+Not counted, and refused by name: context parallelism (the ring keeps every K/V block
+and per-block softmax statistics, the K/V all-gather the gathered K and V, Ulysses the
+all-to-all's re-split heads), MoE layers (their dispatch and combine buffers), FSDP (the
+executor sees the gathered weights a layer keeps for backward, whose storage FSDP frees
+after the forward) and 16-bit runs (autocast keeps 16-bit copies of the weights, shared
+by the micro-batches). Each would be a term of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distlab.core.layout import Layout
+from distlab.core.pipeline_schedule import build
+
+from .memory import activation_bytes_per_layer
+from .transformer import ModelSpec
+
+FP32 = 4
+INT64 = 8
+LAYER_NORM_STATS = 2 * FP32  # mean and 1/std, per token and norm
+
+
+@dataclass(frozen=True)
+class ChunkActivations:
+    """Bytes one micro-batch's forward through one model chunk keeps, by term."""
+
+    chunk: int
+    terms: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+
+def chunk_activations(
+    spec: ModelSpec,
+    layout: Layout,
+    stage: int,
+    *,
+    micro_batch: int,
+    dropout: float = 0.0,
+    bytes_per_element: int = FP32,
+) -> list[ChunkActivations]:
+    """Per model chunk of pipeline rank ``stage``, the bytes one micro-batch keeps (module
+    docstring), for a dense GPT ``spec`` trained under ``layout``."""
+    _check_covered(layout, spec, bytes_per_element)
+    schedule = _schedule(layout)
+    parts = schedule.stages * schedule.chunks // (2 if schedule.bidirectional else 1)
+    per_part = spec.layers // parts
+    b, s, h, e = micro_batch, spec.seq_len, spec.hidden, bytes_per_element
+    t = layout.tp
+    split = t if layout.sequence_parallel else 1  # what the sequence is cut into between layers
+    full = layout.recompute == "full"
+    out = []
+    for chunk in range(schedule.chunks):
+        part = schedule.model_part(schedule.virtual_stage(stage, chunk))
+        layer = activation_bytes_per_layer(
+            seq_len=s,
+            micro_batch=b,
+            hidden=h,
+            heads=spec.heads,
+            tp=t,
+            sequence_parallel=layout.sequence_parallel,
+            recompute=layout.recompute,
+            dropout=dropout > 0,
+            bytes_per_element=e,
+        )
+        norms = 0.0 if full else per_part * 2 * LAYER_NORM_STATS * b * s / split
+        terms = {
+            "layers (Korthikanti et al. 2022, Table 2)": per_part * layer,
+            "layer-norm statistics": norms,
+        }
+        if part == 0:
+            terms["embedding (ids, positions, vocabulary mask)"] = (
+                INT64 * b * s + INT64 * s + e * b * s
+            )
+        if part == parts - 1:
+            terms["final norm and head input"] = (
+                2 * e * b * s * h + LAYER_NORM_STATS * b * s
+            ) / split
+            vocab_rows = -(-spec.vocab // t)
+            terms["logits and loss (fp32)"] = FP32 * b * s * vocab_rows + (FP32 + INT64 + 1) * b * s
+        out.append(ChunkActivations(chunk, terms))
+    return out
+
+
+def in_flight_peak(layout: Layout, stage: int, chunk_bytes: list[float]) -> float:
+    """The most bytes pipeline rank ``stage`` holds at once: walk its actions of the layout's
+    schedule, adding chunk c's bytes at each forward and freeing them at its backward
+    (``B``, or ``W`` when split into ``I`` and ``W``), as the executor does."""
+    schedule = _schedule(layout)
+    held = peak = 0.0
+    for action in schedule.ranks[stage]:
+        if action.kind == "F":
+            held += chunk_bytes[action.chunk]
+        elif action.kind in ("B", "W"):
+            held -= chunk_bytes[action.chunk]
+        peak = max(peak, held)
+    return peak
+
+
+def layout_activations(
+    spec: ModelSpec,
+    layout: Layout,
+    rank: int,
+    *,
+    micro_batch: int,
+    dropout: float = 0.0,
+    bytes_per_element: int = FP32,
+) -> tuple[float, list[ChunkActivations]]:
+    """(peak bytes kept for backward, per-chunk terms) for ``rank`` of ``layout``: what
+    ``ComposedRun.peak_activation_bytes`` measures."""
+    stage = layout.coordinates(rank)["pp"]
+    chunks = chunk_activations(
+        spec, layout, stage, micro_batch=micro_batch, dropout=dropout,
+        bytes_per_element=bytes_per_element,
+    )  # fmt: skip
+    return in_flight_peak(layout, stage, [c.total for c in chunks]), chunks
+
+
+def _schedule(layout: Layout):
+    return build(layout.pipeline_schedule, layout.pp, layout.micro_batches,
+                 chunks=layout.virtual_stages)  # fmt: skip
+
+
+def _check_covered(layout: Layout, spec: ModelSpec, bytes_per_element: int) -> None:
+    """``ValueError`` naming what this count leaves out (module docstring)."""
+    reasons = []
+    if layout.cp > 1:
+        reasons.append(f"cp={layout.cp}: the context-parallel attention cores' K/V blocks")
+    if layout.ep > 1:
+        reasons.append(f"ep={layout.ep}: the MoE layers' dispatch and combine buffers")
+    if layout.zero_stage == 3:
+        reasons.append("FSDP: the gathered weights the layers keep for backward")
+    if bytes_per_element != FP32:
+        reasons.append(f"{bytes_per_element}-byte activations: autocast's 16-bit weight copies")
+    if reasons:
+        raise ValueError("run activations are counted for dense fp32 runs without context "
+                         "parallelism or FSDP; not modelled: " + "; ".join(reasons))  # fmt: skip
