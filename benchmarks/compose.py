@@ -1,10 +1,11 @@
 """One layout object, any parallelism: each layout of tests/test_compose.py, measured against distlab.calc.
 
     python benchmarks/compose.py [--steps 4] [--layouts tp2_cp2_dp2,...]
+                                 [--precisions fp32,bf16] [--recompute none,full]
 
 Runs :func:`distlab.parallel.compose.train` on 8 gloo processes for each layout of
-``tests/test_compose.py`` (its ``CASES``: model, batch and optimizer as there) and prints,
-per layout:
+``tests/test_compose.py`` (its ``CASES``: model, batch and optimizer as there), in each
+precision and recomputation mode asked for, and prints, per run:
 
 * the step time: median over the steps after the first of the slowest rank's step
   (CPU on a shared machine: noisy);
@@ -13,11 +14,12 @@ per layout:
   against :func:`distlab.calc.layout_comm.layout_comm` for that rank: the largest over
   the ranks of each, and whether every rank equals its prediction (target: equal);
 * model-state bytes per rank (parameters, gradients, optimizer state at the end) against
-  :func:`distlab.calc.layout_comm.layout_model_state` (target: equal), and the most
-  activation bytes the pipeline executor held for backward against
-  :func:`distlab.calc.memory.peak_bytes`' activations (Korthikanti et al. 2022 per layer x
-  layers per stage x micro-batches in flight, on s / cp tokens): not equal, see the note
-  printed under the table;
+  :func:`distlab.calc.layout_comm.layout_model_state` (target: equal; autocast keeps the
+  parameters fp32, so bf16 holds the same bytes), and the most activation bytes the
+  pipeline executor held for backward on each rank against
+  :func:`distlab.calc.run_activations.layout_activations` (target: measured / calc 1.00 on
+  every rank), with the calculator's terms for the rank with the largest peak; where
+  the count leaves a part out (ring attention, MoE, FSDP, 16-bit), the line says what;
 * what a layout costs: the lines of its ``CASES`` entry and the length of the ``Layout``'s
   ``repr`` (a layout is a setting, not a file).
 """
@@ -32,22 +34,15 @@ from pathlib import Path
 
 import distlab
 from distlab.calc.layout_comm import MoESpec, layout_comm, layout_model_state
-from distlab.calc.memory import peak_bytes
+from distlab.calc.run_activations import layout_activations
 from distlab.calc.three_d import gpt_spec
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 from test_compose import BATCH, CASES, OPTIMIZER, make_model
 
-ACTIVATION_NOTE = (
-    "peak activations differ by design: calc is Korthikanti et al.'s 16-bit GPT layer (dropout\n"
-    "masks, s x s scores, nothing else); the run keeps fp32 tensors (x2), no dropout masks, the\n"
-    "embedding, logits and loss, the ring's every K/V block under CP (autograd keeps them) and\n"
-    "the MoE layers' E x C x h dispatch buffers (not in the dense formula)"
-)
 
-
-def _worker(rank, world_size, layout, config, moe, steps):
+def _worker(rank, world_size, layout, config, moe, steps, precision):
     import torch
 
     from distlab.models import gpt_batch
@@ -56,7 +51,8 @@ def _worker(rank, world_size, layout, config, moe, steps):
     torch.set_num_threads(1)
     model = make_model(config, moe)  # the plain model tests/test_compose.py starts from
     tokens, targets = gpt_batch(BATCH, config, seed=1)
-    run = train(model, layout, tokens, targets, steps=steps, lr=0.1, optimizer=OPTIMIZER)
+    run = train(model, layout, tokens, targets, steps=steps, lr=0.1, optimizer=OPTIMIZER,
+                precision=precision)  # fmt: skip
     return {
         "rank": run.rank,
         "sent": run.bytes_by_group[-1],
@@ -78,8 +74,9 @@ def case_lines() -> dict[str, int]:
     raise ValueError("no CASES in tests/test_compose.py")
 
 
-def calculated(layout, config, moe, rank: int):
-    """(bytes per group, model-state bytes, activation bytes) distlab.calc predicts for ``rank``."""
+def calculated(layout, config, moe, rank: int, precision: str):
+    """(bytes per group, model-state bytes, (peak activation bytes, terms) or the reason the
+    count leaves this run out) distlab.calc predicts for ``rank``."""
     spec = gpt_spec(vocab=config.vocab, seq_len=config.seq_len, hidden=config.hidden,
                     heads=config.heads, layers=config.layers,
                     tie_embeddings=config.tie_embeddings)  # fmt: skip
@@ -87,24 +84,28 @@ def calculated(layout, config, moe, rank: int):
     b = BATCH // (layout.dp * layout.micro_batches)
     comm = layout_comm(spec, layout, rank, micro_batch=b, moe=moe_spec)
     state = layout_model_state(spec, layout, rank, moe=moe_spec).total
-    activations = peak_bytes(
-        n_params=spec.n_params, layers=spec.layers, hidden=spec.hidden, heads=spec.heads,
-        seq_len=spec.seq_len // layout.cp, micro_batch=b, micro_batches=layout.micro_batches,
-        tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel,
-        schedule=layout.pipeline_schedule, virtual_stages=layout.virtual_stages,
-    ).activations  # fmt: skip
+    if moe:
+        activations = "MoE dispatch and combine buffers are not counted"
+    else:
+        try:
+            activations = layout_activations(spec, layout, rank, micro_batch=b,
+                                             bytes_per_element=4 if precision == "fp32" else 2)  # fmt: skip
+        except ValueError as error:
+            activations = str(error).split("not modelled: ")[-1]
     return {g: v.total for g, v in comm.items()}, state, activations
 
 
-def measure(name: str, steps: int) -> dict:
+def measure(name: str, steps: int, precision: str, recompute: str) -> dict:
     layout, config, moe = CASES[name]
-    runs = distlab.run(_worker, layout.world_size, args=(layout, config, moe, steps), timeout=600)
+    layout = layout.with_(recompute=recompute)
+    runs = distlab.run(_worker, layout.world_size, args=(layout, config, moe, steps, precision),
+                       timeout=600)  # fmt: skip
     slowest = [max(r["step_seconds"][i] for r in runs) for i in range(steps)]
     groups: dict[str, list] = {}
     equal = True
     states, activations = [], []
     for r in runs:
-        want, state, acts = calculated(layout, config, moe, r["rank"])
+        want, state, acts = calculated(layout, config, moe, r["rank"], precision)
         equal &= r["sent"] == want
         for g in sorted(set(want) | set(r["sent"])):
             row = groups.setdefault(g, [0, 0])
@@ -112,6 +113,7 @@ def measure(name: str, steps: int) -> dict:
             row[1] = max(row[1], want.get(g, 0))
         states.append((r["model_state"], state))
         activations.append((r["peak_activations"], acts))
+    counted = [(m, c) for m, c in activations if not isinstance(c, str)]
     return {
         "layout": layout,
         "step_ms": 1e3 * statistics.median(slowest[1:] or slowest),
@@ -119,7 +121,10 @@ def measure(name: str, steps: int) -> dict:
         "bytes_equal": equal,
         "state": max(states),
         "state_equal": all(m == c for m, c in states),
-        "activations": max(activations),
+        "activations": max(counted, key=lambda mc: mc[0]) if len(counted) == len(runs) else None,
+        "activations_equal": len(counted) == len(runs) and all(m == c[0] for m, c in counted),
+        "not_counted": next((c for _, c in activations if isinstance(c, str)), None),
+        "measured_peak": max(m for m, _ in activations),
     }
 
 
@@ -127,26 +132,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--layouts", default=",".join(CASES), help="comma-separated CASES names")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32,bf16")
+    parser.add_argument("--recompute", default="none,full", help="comma-separated: none,full")
     args = parser.parse_args()
     lines = case_lines()
     print(f"tiny GPT {CASES['tp2_cp2_dp2'][1]}, batch {BATCH}, {OPTIMIZER}, 8 gloo processes, "
           f"{args.steps} steps (step time: median after the first, slowest rank)\n")  # fmt: skip
-    for name in args.layouts.split(","):
-        row = measure(name, args.steps)
+    runs = [(n, p, r) for n in args.layouts.split(",") for p in args.precisions.split(",")
+            for r in args.recompute.split(",")]  # fmt: skip
+    for name, precision, recompute in runs:
+        row = measure(name, args.steps, precision, recompute)
         layout = row["layout"]
-        print(f"{name}: {layout.label()}  [{lines[name]} lines in CASES, "
+        print(f"{name} {precision}: {layout.label()}  [{lines[name]} lines in CASES, "
               f"repr {len(repr(layout))} chars]")  # fmt: skip
         print(f"  step time          {row['step_ms']:9.1f} ms")
         verdict = "every rank equal" if row["bytes_equal"] else "NOT EQUAL on some rank"
         for g, (sent, want) in row["groups"].items():
             print(f"  bytes {g:<12} traced {sent:>9,} calc {want:>11,.0f}  (max over ranks)")
         print(f"  bytes by group     {verdict}")
-        (m_state, c_state), (m_act, c_act) = row["state"], row["activations"]
+        m_state, c_state = row["state"]
         same = "every rank equal" if row["state_equal"] else "NOT EQUAL on some rank"
         print(f"  model state        {m_state:>9,} calc {c_state:>11,.0f}  ({same})")
+        if row["activations"] is None:
+            print(f"  peak activations   {row['measured_peak']:>9,} calc  not counted: "
+                  f"{row['not_counted']}\n")  # fmt: skip
+            continue
+        m_act, (c_act, chunks) = row["activations"]
+        same = "every rank" if row["activations_equal"] else "NOT on every rank"
         print(f"  peak activations   {m_act:>9,} calc {c_act:>11,.0f}  "
-              f"(measured / calc {m_act / c_act:.2f})\n")  # fmt: skip
-    print(ACTIVATION_NOTE)
+              f"(measured / calc {m_act / c_act:.2f}, {same})")  # fmt: skip
+        for chunk in chunks:
+            for term, value in chunk.terms.items():
+                print(f"      chunk {chunk.chunk}, one micro-batch: {term:<52} {value:>9,.0f}")
+        print()
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Each layout below trains the tiny GPT one step with :func:`distlab.parallel.comp
 and every rank's ``peak_activation_bytes`` (the executor's saved-tensor count) must equal
 the calculator's peak for that rank *exactly*: tensor parallelism with each recomputation
 mode and with dropout, sequence parallelism in an interleaved pipeline and under full
-recomputation, 1F1B on 4 stages, ZB-V (split backward, chunks in a V) and DualPipe (two
-copies). Without torch: the in-flight walk against the schedules' closed forms, and the
+recomputation, 1F1B on 4 stages, ZB-V (split backward, chunks in a V), DualPipe (two
+copies), context parallelism by K/V all-gather and by Ulysses (in a pipeline), and ring
+attention under full recomputation. Without torch: the in-flight walk against the schedules' closed forms, and the
 layouts the count leaves out are refused by name.
 """
 
@@ -41,6 +42,9 @@ LAYOUTS = {
     "pp4_1f1b": (Layout(pp=4, micro_batches=4), CONFIG),
     "pp2_zb_v": (Layout(pp=2, schedule="zb_v", micro_batches=4), CONFIG),
     "pp2_dualpipe": (Layout(pp=2, schedule="dualpipe", micro_batches=4), CONFIG),
+    "tp2_cp2_all_gather": (Layout(tp=2, cp=2), CONFIG, "all_gather"),
+    "tp2_cp2_pp2_ulysses": (Layout(tp=2, cp=2, pp=2, micro_batches=2), CONFIG, "ulysses"),
+    "tp2_cp2_ring_full": (Layout(tp=2, cp=2, recompute="full"), CONFIG),
 }
 
 
@@ -50,24 +54,24 @@ def spec_of(config: GPTConfig):
                     tie_embeddings=config.tie_embeddings)  # fmt: skip
 
 
-def _train(rank, world_size, layout, config):
+def _train(rank, world_size, layout, config, context):
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
-    run = train(GPT(config, seed=0), layout, tokens, targets, steps=1, lr=0.1)
+    run = train(GPT(config, seed=0), layout, tokens, targets, steps=1, lr=0.1, context=context)
     return run.rank, run.peak_activation_bytes
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_rank_keeps_exactly_what_the_calculator_counts(name):
-    layout, config = LAYOUTS[name]
+    layout, config, context = (*LAYOUTS[name], "ring")[:3]
     micro_batch = BATCH // (layout.dp * layout.micro_batches)
-    for rank, measured in distlab.run(_train, layout.world_size, args=(layout, config),
+    for rank, measured in distlab.run(_train, layout.world_size, args=(layout, config, context),
                                       timeout=300):  # fmt: skip
         want, _ = layout_activations(spec_of(config), layout, rank, micro_batch=micro_batch,
-                                     dropout=config.dropout)  # fmt: skip
+                                     dropout=config.dropout, context=context)  # fmt: skip
         assert measured == want, (name, rank, measured, want)
 
 
@@ -100,7 +104,8 @@ def test_the_in_flight_walk_gives_1f1b_and_gpipe_s_counts(p, m):
 def test_what_is_not_modelled_is_refused_by_name():
     spec = spec_of(CONFIG)
     for layout, words in [
-        (Layout(tp=2, cp=2), "cp=2: the context-parallel attention cores"),
+        (Layout(tp=2, cp=2), "cp=2 with ring attention"),
+        (Layout(tp=2, cp=2, recompute="selective"), "cp=2 with selective recomputation"),
         (Layout(pp=2, dp=2, zero_stage=3), "FSDP: the gathered weights"),
     ]:
         with pytest.raises(ValueError, match=words):

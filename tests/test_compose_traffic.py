@@ -2,7 +2,9 @@
 
 For each layout of ``tests/test_compose.py`` (TP x CP x DP, CP inside a pipeline, MoE
 blocks inside a pipeline, FSDP around pipeline chunks, SP with the interleaved
-schedule, four axes at once): one launch of 2 steps of
+schedule, four axes at once), and four of them recomputing (``RECOMPUTED``: full, which
+sends the forward's messages again but the block's closing collective, and selective
+with cp, which passes the K/V round again): one launch of 2 steps of
 :func:`distlab.parallel.compose.train` on 8 gloo processes, and on every rank, every
 step, the wire bytes per group (``ComposedRun.bytes_by_group``: the trace's collectives
 and pipeline messages, plus the ring's K/V messages under ``"cp"``) equal
@@ -55,9 +57,17 @@ def _train(rank, world_size, layout, config, moe):
     return run.rank, run.bytes_by_group, run.model_state_bytes
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+#: recomputation sends the forward's messages again (layout_comm's ``recomputed``)
+RECOMPUTED = {
+    f"{name}_{mode}": (CASES[name][0].with_(recompute=mode), *CASES[name][1:])
+    for name, mode in [("tp2_cp2_dp2", "full"), ("tp2_pp2_cp2", "selective"),
+                       ("tp2_cp2_pp2_ep2", "full"), ("tp2sp_pp2_dp2_interleaved", "full")]
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=[*CASES, *RECOMPUTED])
 def traced(request):
-    layout, config, moe = CASES[request.param]
+    layout, config, moe = {**CASES, **RECOMPUTED}[request.param]
     runs = distlab.run(_train, layout.world_size, args=(layout, config, moe), timeout=300)
     return request.param, layout, config, moe, runs
 

@@ -49,6 +49,13 @@ layers split into dense and MoE ones (:func:`rank_modules`):
   module owning parameters) and per micro-batch: :func:`~distlab.calc.comm.data_parallel_comm`
   for each.
 
+**Recomputation** sends the forward's messages again, in backward: ``recompute="full"``
+re-runs each block's forward (its context-parallel K/V messages and its MoE all-to-alls:
+every ``forward`` part of those counted twice; its tensor-parallel collectives but the
+block's closing one, :func:`recomputed_tensor_parts`), and
+``"selective"`` with cp > 1 re-runs the attention core, whose K/V messages are the
+context-parallel forward ones (:func:`recomputed`).
+
 Not per step, so not here: ZeRO's and FSDP's broadcast of the parameters when they are
 built, the loss average the loop reports, checks made when the model is built.
 Counted as ring collectives move bytes (:mod:`distlab.calc.volume`): exact per rank when
@@ -223,6 +230,8 @@ def tensor_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: in
     activation = shape["seq_len"] * micro_batch * spec.hidden * bytes_per_element
     parts = tensor_parallel_comm(**shape, layers=len(layers) - n_moe, tp=t, micro_batches=m,
                                  sequence_parallel=sp).parts  # fmt: skip
+    if layout.recompute == "full":
+        parts += recomputed_tensor_parts(layout, len(layers), activation)
     if n_moe:  # attention only: one collective forward and one backward per MoE layer
         halves = tensor_parallel_comm(**shape, layers=n_moe, tp=t, micro_batches=m).parts
         parts += tuple(replace(p, what=f"{p.what} (MoE layers' attention)", count=p.count // 2)
@@ -272,7 +281,7 @@ def context_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: i
         hidden=spec.hidden // layout.tp, layers=len(stage_layers(layout, stage, spec.layers)),
         cp=layout.cp, micro_batches=layout.micro_batches, bytes_per_element=bytes_per_element,
     )  # fmt: skip
-    return volume.parts
+    return recomputed(volume.parts, layout.recompute in ("full", "selective"))
 
 
 def expert_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,
@@ -282,12 +291,38 @@ def expert_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: in
     n_moe = sum(1 for i in layers if moe is not None and moe.is_moe_layer(i))
     if moe is None or layout.ep == 1 or not n_moe:
         return ()
-    return moe_all_to_all_comm(
+    parts = moe_all_to_all_comm(
         tokens=micro_batch * spec.seq_len // layout.cp, hidden=spec.hidden,
         num_experts=moe.num_experts, ep=layout.ep, top_k=moe.top_k,
         capacity_factor=moe.capacity_factor, moe_layers=n_moe,
         micro_batches=layout.micro_batches, bytes_per_element=bytes_per_element,
     ).parts  # fmt: skip
+    return recomputed(parts, layout.recompute == "full")
+
+
+def recomputed_tensor_parts(layout: Layout, layers: int, activation: float) -> tuple:
+    """The tensor-parallel collectives full recomputation runs again, per step: each block's
+    forward re-runs in backward up to its last saved tensor (``torch.utils.checkpoint``
+    stops early), so every forward collective but the block's closing one (the MLP's
+    output all-reduce, or its reduce-scatter with SP: nothing saves its output) runs
+    twice. Megatron-LM's own recomputation re-runs both (:func:`~distlab.calc.comm.tensor_parallel_comm`)."""
+    t, m = layout.tp, layout.micro_batches
+    if layout.sequence_parallel:
+        return (CommPart("forward all-gathers recomputed (SP)", "all_gather", t, activation,
+                         2 * layers * m),
+                CommPart("forward reduce-scatter recomputed (SP, attention's)",
+                         "reduce_scatter", t, activation, layers * m))  # fmt: skip
+    return (CommPart("forward all-reduce recomputed (attention's)", "all_reduce", t, activation,
+                     layers * m),)  # fmt: skip
+
+
+def recomputed(parts: tuple, again: bool) -> tuple:
+    """``parts`` with each ``forward`` part sent once more when ``again`` (the forward is
+    recomputed in backward, and its messages with it)."""
+    if not again:
+        return parts
+    return parts + tuple(replace(p, what=f"{p.what} (recomputed)") for p in parts
+                         if p.what.startswith("forward"))  # fmt: skip
 
 
 def pipeline_parts(spec: ModelSpec, layout: Layout, stage: int, *, micro_batch: int,

@@ -246,7 +246,9 @@ class PeakMemory:
     worst (first) pipeline stage. ``recompute_workspace``: with full
     recomputation, one layer's activations rebuilt during its backward.
     ``gathered_parameters``: with ZeRO-3/FSDP, the largest layer's full
-    parameters and gradients while it runs.
+    parameters and gradients while it runs. ``logits``: the last stage's fp32 logits
+    the loss keeps (0 without a vocabulary), next to that stage's own activations,
+    ``last_stage_activations``: with pp > 1 the peak is the larger of the two stages'.
     """
 
     model_states: ModelStateBytes
@@ -256,12 +258,20 @@ class PeakMemory:
     activation_per_layer: float
     layers_per_stage: int
     in_flight_micro_batches: float
+    logits: float = 0.0
+    last_stage_activations: float = 0.0
+
+    @property
+    def peak_activations(self) -> float:
+        """The first stage's activations, or the last stage's with its logits if larger
+        (one GPU holds both with pp = 1)."""
+        return max(self.activations, self.last_stage_activations + self.logits)
 
     @property
     def total(self) -> float:
         return (
             self.model_states.total
-            + self.activations
+            + self.peak_activations
             + self.recompute_workspace
             + self.gathered_parameters
         )
@@ -287,6 +297,7 @@ def peak_bytes(
     schedule: str = "1f1b",
     virtual_stages: int = 1,
     largest_layer_params: float | None = None,
+    vocab: int | None = None,
 ) -> PeakMemory:
     """Model states + activations in flight + ZeRO-3's gathered layer, per GPU.
 
@@ -301,10 +312,18 @@ def peak_bytes(
     * ZeRO-3 / FSDP gathers one layer's full parameters (and produces its full
       gradient before the reduce-scatter): (param + grad bytes) x the largest
       layer's parameters / tp. ``largest_layer_params`` defaults to a GPT
-      layer, 12h² + 13h; pass the embedding size if that is larger.
+      layer, 12h² + 13h; pass the embedding size if that is larger;
+    * with ``vocab``, the logits: the loss keeps the last stage's logits in fp32,
+      b s ceil(V/tp) x 4 bytes per micro-batch, whatever the matmuls ran in (as
+      distlab's vocabulary-parallel loss does: :mod:`distlab.calc.run_activations`
+      checks it against a run), for the micro-batches in flight there (1 after
+      1F1B's warm-up, m under GPipe). For a 128K vocabulary that is a large term:
+      Llama 3's 128,256 rows at 8,192 tokens are 4.2 GB per sequence before tp.
 
-    Not counted: the logits and loss of the last stage, communication
-    buffers, the CUDA context and allocator fragmentation (leave headroom).
+    Not counted: the rest of what a run keeps outside its layers (layer-norm
+    statistics, the embedding's indices: :mod:`distlab.calc.run_activations`),
+    communication buffers, the CUDA context and allocator fragmentation (leave
+    headroom).
     """
     n_layers = positive_int("layers", layers)
     p = positive_int("pp", pp)
@@ -335,9 +354,16 @@ def peak_bytes(
         largest = gpt_layer_params(hidden) if largest_layer_params is None else largest_layer_params
         largest = positive("largest_layer_params", largest)
         gathered = (rec.param_bytes + rec.grad_bytes) * largest / tp
+    logits = 0.0
+    if vocab is not None:
+        rows = -(-positive_int("vocab", vocab) // positive_int("tp", tp))
+        logits = 4 * positive_int("micro_batch", micro_batch) * seq_len * rows
+    last_in_flight = in_flight if p == 1 else (micro_batches if schedule == "gpipe" else 1)
+    last_stage = per_layer * layers_per_stage * last_in_flight
     return PeakMemory(
-        states, activations, workspace, gathered, per_layer, layers_per_stage, in_flight
-    )
+        states, activations, workspace, gathered, per_layer, layers_per_stage, in_flight,
+        logits * last_in_flight, last_stage,
+    )  # fmt: skip
 
 
 def fits(*, gpu_memory_bytes: float, headroom_bytes: float = 0.0, **peak_kwargs) -> bool:

@@ -112,6 +112,7 @@ class StepEstimate:
             "activations": self.memory.activations,
             "recompute_workspace": self.memory.recompute_workspace,
             "gathered_parameters": self.memory.gathered_parameters,
+            "logits": self.memory.logits,
             "total": self.memory.total,
         }
         d["bubble_fraction"] = self.bubble_fraction
@@ -123,8 +124,9 @@ def peak_memory(
     model: ModelSpec | str, layout: Layout, *, recipe: str = "mixed_adam"
 ) -> PeakMemory:
     """Peak memory per GPU of ``layout`` for ``model``, as the planner counts it:
-    :func:`~distlab.calc.memory.peak_bytes` with the model's shape and the model's largest
-    layer (or embedding) as FSDP's gathered unit."""
+    :func:`~distlab.calc.memory.peak_bytes` with the model's shape, its vocabulary (the last
+    stage's fp32 logits) and the model's largest layer (or embedding) as FSDP's gathered
+    unit."""
     spec = model_preset(model) if isinstance(model, str) else model
     if not isinstance(spec, ModelSpec):
         raise TypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
@@ -147,6 +149,7 @@ def peak_memory(
         schedule=layout.pipeline_schedule,
         virtual_stages=layout.virtual_stages,
         largest_layer_params=spec.largest_layer_params,
+        vocab=spec.vocab,
     )
 
 

@@ -25,17 +25,26 @@ s tokens (e bytes per activation: 4 in fp32), per model chunk the rank runs:
   rank's logits in fp32 whatever the matmuls ran in (b s ceil(V/t) x 4 bytes), the
   log-sum-exp per token (fp32), the targets shifted to its rows (int64) and which of
   them are its own (1 byte);
+* **context parallelism** (cp > 1): every term above on the rank's s/cp tokens, and one
+  term for how its attention core differs from the dense core the layers term counts
+  (local Q, K, V and s/cp x s/cp probabilities): Llama 3's K/V all-gather (Section
+  3.3.2) keeps the gathered K and V (2 e b s h/t, instead of the local ones), the
+  probabilities of its queries over the whole sequence (e b (a/t) (s/cp) s) and the
+  boolean causal mask ((s/cp) s bytes); DeepSpeed-Ulysses keeps Q, K and V re-split by
+  heads (the same bytes as the local ones), the probabilities of a/(t cp) heads over the
+  whole sequence (e b (a/(t cp)) s^2) and the mask (s^2 bytes);
 * **in flight**: the executor adds a chunk's bytes at each forward and frees them at its
   backward (B, or W when the backward is split), so the rank's peak is the largest sum
   over its schedule's actions in order (:func:`in_flight_peak`): 1F1B holds up to
   p - r micro-batches on rank r, GPipe all m.
 
-Not counted, and refused by name: context parallelism (the ring keeps every K/V block
-and per-block softmax statistics, the K/V all-gather the gathered K and V, Ulysses the
-all-to-all's re-split heads), MoE layers (their dispatch and combine buffers), FSDP (the
-executor sees the gathered weights a layer keeps for backward, whose storage FSDP frees
-after the forward) and 16-bit runs (autocast keeps 16-bit copies of the weights, shared
-by the micro-batches). Each would be a term of its own.
+Not counted, and refused by name: ring attention (it keeps every K/V block passed to it
+and, per pair of zigzag chunks it visits, the probabilities, the mask and the softmax's
+running statistics), selective recomputation with cp (the checkpoint keeps the core's
+inputs instead), MoE layers (their dispatch and combine buffers), FSDP (the executor
+sees the gathered weights a layer keeps for backward, whose storage FSDP frees after the
+forward) and 16-bit runs (autocast keeps 16-bit copies of the weights, shared by the
+micro-batches). Each would be a term of its own.
 """
 
 from __future__ import annotations
@@ -73,14 +82,16 @@ def chunk_activations(
     micro_batch: int,
     dropout: float = 0.0,
     bytes_per_element: int = FP32,
+    context: str = "ring",
 ) -> list[ChunkActivations]:
     """Per model chunk of pipeline rank ``stage``, the bytes one micro-batch keeps (module
-    docstring), for a dense GPT ``spec`` trained under ``layout``."""
-    _check_covered(layout, spec, bytes_per_element)
+    docstring), for a dense GPT ``spec`` trained under ``layout`` (``context``: how the cp
+    ranks attend, as ``train``'s)."""
+    _check_covered(layout, bytes_per_element, context)
     schedule = _schedule(layout)
     parts = schedule.stages * schedule.chunks // (2 if schedule.bidirectional else 1)
     per_part = spec.layers // parts
-    b, s, h, e = micro_batch, spec.seq_len, spec.hidden, bytes_per_element
+    b, s, h, e = micro_batch, spec.seq_len // layout.cp, spec.hidden, bytes_per_element
     t = layout.tp
     split = t if layout.sequence_parallel else 1  # what the sequence is cut into between layers
     full = layout.recompute == "full"
@@ -103,6 +114,10 @@ def chunk_activations(
             "layers (Korthikanti et al. 2022, Table 2)": per_part * layer,
             "layer-norm statistics": norms,
         }
+        if layout.cp > 1 and not full:
+            core = context_core_difference(spec, layout, micro_batch=b, bytes_per_element=e,
+                                           context=context)  # fmt: skip
+            terms[f"context-parallel attention ({context}) beyond the dense core"] = per_part * core
         if part == 0:
             terms["embedding (ids, positions, vocabulary mask)"] = (
                 INT64 * b * s + INT64 * s + e * b * s
@@ -115,6 +130,22 @@ def chunk_activations(
             terms["logits and loss (fp32)"] = FP32 * b * s * vocab_rows + (FP32 + INT64 + 1) * b * s
         out.append(ChunkActivations(chunk, terms))
     return out
+
+
+def context_core_difference(
+    spec: ModelSpec, layout: Layout, *, micro_batch: int, bytes_per_element: int, context: str
+) -> float:
+    """Per layer: what the cp ranks' attention core keeps beyond the dense core on s/cp
+    tokens that the layers term counts (module docstring)."""
+    b, e, t, cp = micro_batch, bytes_per_element, layout.tp, layout.cp
+    s, h, a = spec.seq_len, spec.hidden, spec.heads
+    s_c = s // cp
+    dense_core = 2 * e * b * s_c * h / t + e * b * (a / t) * s_c * s_c  # local K, V; probabilities
+    if context == "all_gather":
+        return 2 * e * b * s * h / t + e * b * (a / t) * s_c * s + s_c * s - dense_core
+    if context == "ulysses":
+        return e * b * (a / (t * cp)) * s * s + s * s - e * b * (a / t) * s_c * s_c
+    raise ValueError(f"context={context!r}: only 'all_gather' and 'ulysses' are counted")
 
 
 def in_flight_peak(layout: Layout, stage: int, chunk_bytes: list[float]) -> float:
@@ -140,13 +171,14 @@ def layout_activations(
     micro_batch: int,
     dropout: float = 0.0,
     bytes_per_element: int = FP32,
+    context: str = "ring",
 ) -> tuple[float, list[ChunkActivations]]:
     """(peak bytes kept for backward, per-chunk terms) for ``rank`` of ``layout``: what
     ``ComposedRun.peak_activation_bytes`` measures."""
     stage = layout.coordinates(rank)["pp"]
     chunks = chunk_activations(
         spec, layout, stage, micro_batch=micro_batch, dropout=dropout,
-        bytes_per_element=bytes_per_element,
+        bytes_per_element=bytes_per_element, context=context,
     )  # fmt: skip
     return in_flight_peak(layout, stage, [c.total for c in chunks]), chunks
 
@@ -156,11 +188,13 @@ def _schedule(layout: Layout):
                  chunks=layout.virtual_stages)  # fmt: skip
 
 
-def _check_covered(layout: Layout, spec: ModelSpec, bytes_per_element: int) -> None:
+def _check_covered(layout: Layout, bytes_per_element: int, context: str) -> None:
     """``ValueError`` naming what this count leaves out (module docstring)."""
     reasons = []
-    if layout.cp > 1:
-        reasons.append(f"cp={layout.cp}: the context-parallel attention cores' K/V blocks")
+    if layout.cp > 1 and context == "ring" and layout.recompute != "full":
+        reasons.append(f"cp={layout.cp} with ring attention: its K/V blocks and per-pair state")
+    if layout.cp > 1 and layout.recompute == "selective":
+        reasons.append(f"cp={layout.cp} with selective recomputation: the checkpointed core")
     if layout.ep > 1:
         reasons.append(f"ep={layout.ep}: the MoE layers' dispatch and combine buffers")
     if layout.zero_stage == 3:
@@ -168,5 +202,5 @@ def _check_covered(layout: Layout, spec: ModelSpec, bytes_per_element: int) -> N
     if bytes_per_element != FP32:
         reasons.append(f"{bytes_per_element}-byte activations: autocast's 16-bit weight copies")
     if reasons:
-        raise ValueError("run activations are counted for dense fp32 runs without context "
-                         "parallelism or FSDP; not modelled: " + "; ".join(reasons))  # fmt: skip
+        raise ValueError("run activations are counted for dense fp32 runs without ring "
+                         "attention or FSDP; not modelled: " + "; ".join(reasons))  # fmt: skip

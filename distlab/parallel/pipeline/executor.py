@@ -331,7 +331,9 @@ class _Runner:
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             ptr = t.untyped_storage().data_ptr()
-            if ptr not in self.model_state:
+            # a weight is model state, also FSDP's gathered one (its storage is freed after
+            # the forward and gathered again for the backward)
+            if ptr not in self.model_state and not isinstance(t, torch.nn.Parameter):
                 saved[ptr] = t.untyped_storage().nbytes()
             return t
 
