@@ -274,3 +274,18 @@ def test_bytes_not_rounded():
     b = model_state_bytes(7.5e9, zero_stage=3, dp=64)
     assert b.total == 16 * 7.5e9 / 64
     assert math.isclose(b.total / 2**30, 1.7462298274040222)
+
+
+def test_the_logits_are_counted_on_the_last_stage():
+    """peak_bytes(vocab=V): the loss keeps b s ceil(V/tp) fp32 logits per micro-batch in
+    flight on the last stage (one after 1F1B's warm-up); with pp = 1 they add to the
+    activations, with pp > 1 the peak is the larger stage's."""
+    shape = dict(n_params=8e9, layers=32, hidden=4096, heads=32, seq_len=8192, micro_batch=1)
+    one = peak_bytes(**shape, vocab=128_256)
+    assert one.logits == 4 * 8192 * 128_256  # 4.2 GB: Llama 3's vocabulary, one sequence
+    assert one.total == peak_bytes(**shape).total + one.logits
+    tp = peak_bytes(**shape, tp=8, vocab=128_256)
+    assert tp.logits == 4 * 8192 * 16_032  # ceil(128,256 / 8) rows on each tp rank
+    piped = peak_bytes(**shape, pp=4, micro_batches=8, vocab=128_256)
+    last = piped.activation_per_layer * piped.layers_per_stage + piped.logits
+    assert piped.peak_activations == max(piped.activations, last)
