@@ -689,6 +689,8 @@ LOOPING = ("interleaved", "breadth_first")
 V_SHAPED = ("zb_v", "dualpipe_v", "dualpipe")
 """Schedules with two chunks per rank in a V (:func:`stage_to_rank` ``"v"``; DualPipe's V
 is two pipelines, one each way)."""
+BIDIRECTIONAL = ("dualpipe",)
+"""Schedules that run two copies of the model, one per direction (``Schedule.bidirectional``)."""
 
 
 def chunks_of(name: str, chunks: int = 1) -> int:

@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.core.layout import Layout
+from distlab.core.pipeline_schedule import BIDIRECTIONAL, chunks_of
 from distlab.models import GPT, GPTBlock
 from distlab.parallel.context import ContextGroup, Ring, chunk_count
 from distlab.parallel.context_gather import KVGather
@@ -146,10 +147,12 @@ def check_model(
     c, moe = model.config, getattr(model, "moe_config", None)
     check_divisible("heads", c.heads, layout.tp)
     check_divisible("hidden", c.hidden, layout.tp)
-    schedule = build(
-        layout.pipeline_schedule, layout.pp, layout.micro_batches, chunks=layout.virtual_stages
+    name, chunks = (
+        layout.pipeline_schedule,
+        chunks_of(layout.pipeline_schedule, layout.virtual_stages),
     )
-    check_divisible("layers", c.layers, model_parts(schedule), by=_parts_text(schedule))
+    parts = layout.pp * chunks // (2 if name in BIDIRECTIONAL else 1)
+    check_divisible("layers", c.layers, parts, by=_parts_text(name, layout.pp, chunks))
     pieces = chunk_count(layout.cp, split) * (layout.tp if layout.sequence_parallel else 1)
     check_divisible(
         "seq_len",
@@ -181,7 +184,7 @@ def check_model(
                          "them")  # fmt: skip
     if layout.cp > 1 and c.dropout:
         raise ValueError(f"context parallelism needs dropout 0, got {c.dropout}")
-    return schedule
+    return build(name, layout.pp, layout.micro_batches, chunks=layout.virtual_stages)
 
 
 def model_parts(schedule: Schedule) -> int:
@@ -191,10 +194,9 @@ def model_parts(schedule: Schedule) -> int:
     return n // 2 if schedule.bidirectional else n
 
 
-def _parts_text(schedule: Schedule) -> str:
-    p, v = schedule.stages, schedule.chunks
-    if schedule.bidirectional:
-        return f"number of model parts of {schedule.name!r} (pp = {p}: one per stage, two copies) ="
+def _parts_text(name: str, p: int, v: int) -> str:
+    if name in BIDIRECTIONAL:
+        return f"number of model parts of {name!r} (pp = {p}: one per stage, two copies) ="
     return f"number of virtual stages pp*v = {p}*{v} ="
 
 
@@ -237,7 +239,8 @@ def cut_stage(gpt: ParallelGPT, stage: int, schedule: Schedule) -> PipelineStage
     its gradient after the backward passes (the executor's tied exchange); a V holds
     both on rank 0."""
     parts = model_parts(schedule)
-    per_part = check_divisible("layers", len(gpt.blocks), parts, by=_parts_text(schedule))
+    by = _parts_text(schedule.name, schedule.stages, schedule.chunks)
+    per_part = check_divisible("layers", len(gpt.blocks), parts, by=by)
     ids = tuple(schedule.virtual_stage(stage, c) for c in range(schedule.chunks))
     modules = {}
     for chunk, j in enumerate(ids):
