@@ -386,3 +386,13 @@ def test_dualpipe_runs_two_pipelines_one_each_way():
         Schedule(
             plan.ranks, 2, micro_batches=7, stage_to_rank=plan.stage_to_rank, bidirectional=True
         )
+
+
+def test_bidirectional_names_the_schedules_that_run_two_copies():
+    """core.pipeline_schedule.BIDIRECTIONAL (what parallelize cuts in p parts) is exactly
+    the generators whose schedules say ``bidirectional``."""
+    from distlab.core.pipeline_schedule import BIDIRECTIONAL, GENERATORS, LOOPING, build
+
+    for name in GENERATORS:
+        schedule = build(name, 2, 4, chunks=2 if name in LOOPING else 1)
+        assert schedule.bidirectional == (name in BIDIRECTIONAL), name
