@@ -12,7 +12,11 @@ The two entry points most people need::
     rank, world_size = distlab.init()         # inside a script started by torchrun
 
 In a notebook, ``%load_ext distlab`` adds ``%ranks`` and ``%%ranks``: N ranks that keep
-their namespaces between cells, to explore on (:mod:`distlab.ranks`).
+their namespaces between cells, to explore on (:mod:`distlab.ranks`);
+``distlab.check("ring-all-reduce")`` (or ``distlab.check()`` under the exercise) runs an
+exercise's tests, hidden ones included, on what the kernel holds now
+(:mod:`distlab.grading.check`), and ``distlab.progress_table()`` shows the grades, checks
+and flashcards due per notebook (:mod:`distlab.commands.progress`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ import importlib
 __version__ = "0.1.0"
 
 _LAUNCH_NAMES = {"run", "init", "shutdown", "RankError", "LaunchTimeoutError"}
+_ELSEWHERE = {  # name -> the module that defines it, imported when the name is first used
+    "check": "distlab.grading.check",
+    "progress_table": "distlab.commands.progress",
+}
 _SUBMODULES = {"calc", "sim", "collectives", "parallel", "placement", "viz", "launch", "ranks"}
 
 __all__ = [
@@ -29,11 +37,13 @@ __all__ = [
     "Layout",
     "RankError",
     "calc",
+    "check",
     "collectives",
     "init",
     "launch",
     "parallel",
     "placement",
+    "progress_table",
     "ranks",
     "run",
     "shutdown",
@@ -47,6 +57,8 @@ def __getattr__(name: str):
     if name in _LAUNCH_NAMES:
         launch = importlib.import_module("distlab.launch")
         return getattr(launch, name)
+    if name in _ELSEWHERE:
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
     if name == "Layout":  # the one description of a run's parallel layout
         return importlib.import_module("distlab.core.layout").Layout
     if name in _SUBMODULES:

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from distlab import grading
-from distlab.commands import bench, calc, placement, sim
+from distlab.commands import bench, calc, placement, progress, sim
 
 # each registers these subcommands
 COMMAND_MODULES = [
@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     placement,  # distlab place, distlab schedule
     calc,  # distlab memory, distlab bubble, distlab plan
     grading,  # distlab grade
+    progress,  # distlab progress
 ]
 
 

@@ -5,7 +5,9 @@ which inherits the environment) gets its own flashcards review database in a tem
 folder through ``$DISTLAB_FLASHCARDS_DB``, so a test that opens the default store
 (``flashcards list``, ``flashcards.drill()``) never creates or changes
 ``~/.local/share/distlab/flashcards.sqlite3``. A test that wants the default location back
-deletes the variable with ``monkeypatch.delenv``.
+deletes the variable with ``monkeypatch.delenv``. The grades and checks that ``distlab
+grade`` and ``distlab.check`` record go to a temporary data folder too
+(``$DISTLAB_DATA_DIR``), set for the whole session, before any module-scoped fixture grades.
 
 **Two tiers, two workers.** ``tiers`` (in this folder) prints the slowest tests and flags
 unmarked ones over the fast tier's budget. Under pytest-xdist (``-n 2 --dist loadfile``, set
@@ -21,6 +23,15 @@ from __future__ import annotations
 import pytest
 
 pytest_plugins = ["tiers", "pytester"]  # pytester: tests/test_tiers.py runs small suites
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_data_folder(tmp_path_factory):
+    from distlab.grading.record import DATA_ENV_VAR
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(DATA_ENV_VAR, str(tmp_path_factory.mktemp("distlab-data")))
+        yield
 
 
 @pytest.fixture(autouse=True)

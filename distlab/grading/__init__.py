@@ -12,7 +12,11 @@ where the course's notebooks live):
 * :mod:`~distlab.grading.whole`: the whole notebook, by nbgrader in a throw-away course
   directory;
 * :mod:`~distlab.grading.exercise`: one exercise, running only the cells it needs;
-* :mod:`~distlab.grading.command`: the ``distlab grade`` command (:func:`register`).
+* :mod:`~distlab.grading.record`: each exercise's newest grade and check, in the learner's
+  data folder (``distlab progress`` reads them);
+* :mod:`~distlab.grading.command`: the ``distlab grade`` command (:func:`register`);
+* :mod:`~distlab.grading.check`: ``distlab.check(...)``, one exercise's tests run in the
+  notebook's live kernel (loaded only there: ``distlab.check`` imports it).
 
 Four more are loaded only where they are used: :mod:`~distlab.grading.execute`
 (nbgrader's Execute step that reports timeouts and dead kernels; it runs inside

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from distlab.core.course import CONFIG_FILE, find_course_root
+
 MISSING_CELL = (
     "this test cell is missing from your notebook (deleted?), so its tests did not run: "
     "copy it back from the released notebook"
@@ -19,6 +21,17 @@ KERNEL_DIED = (
     "the cells after it ran in a fresh kernel"
 )
 MESSAGE_LINES = 30  # lines of a failing check's message shown in the report
+TIMED_OUT = "timed out after {timeout} s (an endless loop, or a wait that never ends?)"
+DEFAULT_TIMEOUT = 120  # seconds a cell may run when the course config does not say
+
+
+def course_timeout(root=None) -> int:
+    """The course config's ``Execute.timeout`` (seconds a cell may run)."""
+    config = (find_course_root(root) / CONFIG_FILE).read_text(encoding="utf-8")
+    for line in config.splitlines():
+        if line.replace(" ", "").startswith("c.Execute.timeout="):
+            return int(line.split("=", 1)[1].split("#")[0])
+    return DEFAULT_TIMEOUT
 
 
 def grade_id_of(cell) -> str | None:
@@ -35,6 +48,32 @@ def is_graded(cell) -> bool:
 def graded_cells(nb) -> list:
     """The notebook's test cells, in order."""
     return [c for c in nb.cells if is_graded(c)]
+
+
+def autograde_points(outputs, max_points: float) -> float:
+    """A test cell's points from its outputs, by nbgrader's rule for an autograded code cell
+    (``nbgrader.utils.determine_grade``; written out here because importing nbgrader costs
+    seconds and :func:`distlab.check` must answer in one): the first error or stderr output
+    scores 0; an ``execute_result`` before any scores its value if that is a number from 0
+    to ``max_points`` (ValueError above it, full points otherwise); else full points."""
+    for output in outputs:
+        kind = output.get("output_type")
+        if kind == "error" or (kind == "stream" and output.get("name") == "stderr"):
+            return 0.0
+        if kind == "execute_result":
+            text = output.get("data", {}).get("text/plain")
+            if isinstance(text, list):
+                if len(text) > 1:
+                    return float(max_points)
+                text = text[0]
+            try:
+                value = float(text)
+            except (TypeError, ValueError):
+                return float(max_points)
+            if value > max_points:
+                raise ValueError("partial credit cannot be greater than maximum points for cell")
+            return value if value >= 0 else float(max_points)
+    return float(max_points)
 
 
 def failure(outputs) -> str | None:

@@ -3,7 +3,9 @@
 The whole notebook is graded by nbgrader in a throw-away course directory
 (:mod:`distlab.grading.whole`); ``--exercise K`` runs only the cells one exercise needs
 (:mod:`distlab.grading.exercise`). Ctrl+C, SIGTERM and SIGHUP end every process the
-grading started before the command exits (:mod:`distlab.grading.run`).
+grading started before the command exits (:mod:`distlab.grading.run`). Each exercise's
+points are recorded in the learner's data folder for ``distlab progress``
+(:mod:`distlab.grading.record`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 from distlab.core.course import ROOT_ENV_VAR
 from distlab.grading.exercise import grade_exercise
+from distlab.grading.record import GRADED, record_quietly
 from distlab.grading.report import as_json, format_report
 from distlab.grading.run import Interrupted, signals_raise
 from distlab.grading.whole import grade_notebook
@@ -91,5 +94,8 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return stop.exit_code
+    problem = record_quietly(grade, GRADED, "exercise" if args.exercise is not None else "notebook")
+    if problem:
+        print(f"distlab grade: {problem}", file=sys.stderr)
     print(json.dumps(as_json(grade), indent=2) if args.json else format_report(grade))
     return 0 if grade.points >= grade.max_points else 1

@@ -34,11 +34,8 @@ from nbgrader.preprocessors import Execute
 from nbgrader.utils import determine_grade
 from traitlets import Integer, default
 
-from distlab.core.course import CONFIG_FILE, find_course_root
-from distlab.grading.cells import grade_id_of, is_graded
+from distlab.grading.cells import TIMED_OUT, course_timeout, grade_id_of, is_graded
 from distlab.grading.sockets import use_private_sockets
-
-DEFAULT_TIMEOUT = 120  # seconds a cell may run when the course config does not say
 
 KERNEL_DIED = (
     "the kernel died while running this cell (os._exit, a crash in native code, or out of memory)"
@@ -131,20 +128,11 @@ def _report_timeout(cell, timeout: int) -> None:
     """Replace what the interrupt raised by one error that says the cell timed out."""
     errors = [o for o in cell.outputs if o.output_type == "error"]
     traceback = list(errors[0].get("traceback", []))[:-1] if errors else []
-    evalue = f"timed out after {timeout} s (an endless loop, or a wait that never ends?)"
+    evalue = TIMED_OUT.format(timeout=timeout)
     cell.outputs = [o for o in cell.outputs if o.output_type != "error"]
     cell.outputs.append(
         error_output("TimeoutError", evalue, traceback + [f"TimeoutError: {evalue}"])
     )
-
-
-def course_timeout() -> int:
-    """The course config's ``Execute.timeout`` (seconds a cell may run)."""
-    config = (find_course_root() / CONFIG_FILE).read_text(encoding="utf-8")
-    for line in config.splitlines():
-        if line.replace(" ", "").startswith("c.Execute.timeout="):
-            return int(line.split("=", 1)[1].split("#")[0])
-    return DEFAULT_TIMEOUT
 
 
 def scores(nb) -> dict[str, float]:

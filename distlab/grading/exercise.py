@@ -45,20 +45,29 @@ CHILD = "distlab.grading.kernel"
 
 def choose_tests(source, exercise: str | int) -> list[str]:
     """grade ids of the test cells of ``exercise``: its number (1-based, in notebook order),
-    a test cell's grade id, or the start of an exercise title. ValueError names the choices."""
+    a test cell's grade id (``test-ring-all-reduce``, or without ``test-``), or the start of
+    an exercise title (case, spaces and hyphens alike: ``ring-all-reduce`` fits "Ring
+    all-reduce"). ValueError names the choices."""
     tests = graded_cells(source)
     ids = [grade_id_of(c) for c in tests]
     titles = [c.metadata.get("distlab", {}).get("exercise", grade_id_of(c)) for c in tests]
     text = str(exercise).strip()
     if text.isdigit() and 1 <= int(text) <= len(ids):
         return [ids[int(text) - 1]]
-    if text in ids:
-        return [text]
-    matches = [i for i, t in zip(ids, titles) if t.lower().startswith(text.lower())] if text else []
+    for grade_id in (text, f"test-{text}"):
+        if grade_id in ids:
+            return [grade_id]
+    wanted = _loose(text)
+    matches = [i for i, t in zip(ids, titles) if _loose(t).startswith(wanted)] if wanted else []
     if len(matches) == 1:
         return matches
     listing = "; ".join(f"{n}: {i} ({t})" for n, (i, t) in enumerate(zip(ids, titles), 1))
     raise ValueError(f"no single exercise matches {exercise!r}; the exercises are {listing}")
+
+
+def _loose(text: str) -> str:
+    """``text`` in lower case, each run of spaces, hyphens and underscores one space."""
+    return " ".join(text.lower().replace("-", " ").replace("_", " ").split())
 
 
 def exercise_notebook(learner, source, test_ids: list[str]):

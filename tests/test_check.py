@@ -1,0 +1,469 @@
+"""``distlab.check(...)`` (issue 42): one exercise's tests, hidden ones included, on what the
+notebook's kernel holds now, scored as ``distlab grade --exercise`` scores them.
+
+The fast tests run the check in an in-process IPython shell on a small course written here
+(a pure-Python exercise that withholds ``distlab.sim.busbw``): points, hidden tests,
+shortcuts by name and by a captured reference, nbgrader's stderr rule, the timeout, the
+learner's names left alone, which notebook and which exercise, the record. One test runs it
+in a real kernel as JupyterLab does (the notebook's file in ``JPY_SESSION_NAME``, the cell's
+id in the request's metadata) for ``distlab.check()`` with no argument.
+
+The slow test, one per course notebook: for one exercise (the one with the fewest mutants),
+the check's points in one live kernel equal ``distlab grade --exercise``'s for the
+solution, the released stub and every mutant (``tests/mutants/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import textwrap
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from distlab.core.course import find_course_root, released_notebook, source_notebook
+from distlab.grading.cells import autograde_points, grade_id_of, is_graded
+from distlab.grading.exercise import choose_tests, grade_exercise
+from distlab.grading.mutants import Kernel, load_module, mutant_source, plan
+from distlab.grading.record import CHECKED, read_records
+
+ROOT = find_course_root()
+MUTANT_FILES = sorted((ROOT / "tests" / "mutants").glob("m[0-9][0-9]_*.py"))
+
+# ------------------------------------------------------------- a small course ---
+SETUP = "from distlab import sim\nfrom distlab.withheld import expect, withheld"
+SOLUTION = '''def bus_bandwidth(n, n_bytes, seconds):
+    """busbw of an all-reduce: algbw * 2 (n - 1) / n."""
+    ### BEGIN SOLUTION
+    return n_bytes / seconds * 2 * (n - 1) / n
+    ### END SOLUTION'''
+TEST = """want = sim.busbw("all_reduce", 8, 10**9, 1e-2)
+with withheld(sim.busbw, exercise="bus bandwidth"):
+    got = bus_bandwidth(8, 10**9, 1e-2)
+expect(abs(got - want) <= 1e-9 * want, "busbw on 8 ranks", got, want)
+print("visible test passed")
+### BEGIN HIDDEN TESTS
+want = sim.busbw("all_reduce", 3, 10**6, 1e-3)
+with withheld(sim.busbw, exercise="bus bandwidth"):
+    got = bus_bandwidth(3, 10**6, 1e-3)
+expect(abs(got - want) <= 1e-9 * want, "busbw on 3 ranks (hidden)", got, want)
+### END HIDDEN TESTS"""
+SECOND = """def second():
+    ### BEGIN SOLUTION
+    return 2
+    ### END SOLUTION"""
+SECOND_TEST = 'assert second() == 2, "second() should return 2"'
+
+
+def _cell(kind, source, cell_id, **nbgrader):
+    maker = nbformat.v4.new_code_cell if kind == "code" else nbformat.v4.new_markdown_cell
+    cell = maker(source, id=cell_id)
+    if nbgrader:
+        cell.metadata["nbgrader"] = {"schema_version": 3, **nbgrader}
+    return cell
+
+
+def toy_notebook(solution=SOLUTION, second=SECOND) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    test_meta = {"grade": True, "solution": False, "locked": True}
+    nb.cells = [
+        _cell("code", SETUP, "setup"),
+        _cell("code", solution, "sol-1", grade=False, solution=True, grade_id="bus-bandwidth"),
+        _cell("code", TEST, "test-1", grade_id="test-bus-bandwidth", points=2, **test_meta),
+        _cell("markdown", "## Second", "md-2"),
+        _cell("code", second, "sol-2", grade=False, solution=True, grade_id="second"),
+        _cell("code", SECOND_TEST, "test-2", grade_id="test-second", points=1, **test_meta),
+        _cell("code", "# the learner's scratch cell", "scratch"),
+    ]
+    nb.cells[2].metadata["distlab"] = {"exercise": "Bus bandwidth"}
+    nb.cells[5].metadata["distlab"] = {"exercise": "Second"}
+    return nb
+
+
+@pytest.fixture(autouse=True)
+def _data_folder(tmp_path, monkeypatch):
+    from distlab.grading.record import DATA_ENV_VAR
+
+    monkeypatch.setenv(DATA_ENV_VAR, str(tmp_path / "data"))
+
+
+@pytest.fixture
+def course(tmp_path):
+    """A course with one notebook, ``00-toy``, and its released copy."""
+    root = tmp_path / "course-root"
+    (root / "solutions" / "00-toy").mkdir(parents=True)
+    (root / "nbgrader_config.py").write_text("c = get_config()\nc.Execute.timeout = 30\n")
+    nbformat.write(toy_notebook(), root / "solutions" / "00-toy" / "00-toy.ipynb")
+    return root
+
+
+@pytest.fixture
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def run_cells(shell, *sources):
+    for source in sources:
+        assert shell.run_cell(source).success, source
+
+
+def check(*args, **kwargs):
+    from distlab.grading.check import check as the_check
+
+    return the_check(*args, **kwargs)
+
+
+# ------------------------------------------------------------------ fast ---
+def test_the_solution_earns_full_points_and_the_check_is_recorded_as_a_check(shell, course):
+    run_cells(shell, SETUP, SOLUTION)
+    started = time.perf_counter()
+    result = check("bus-bandwidth", notebook="00", root=course)
+    assert time.perf_counter() - started < 2.0  # the issue's bar; this test cell is pure Python
+    assert (result.points, result.max_points, result.number) == (2.0, 2.0, 1)
+    report = repr(result)
+    assert "00-toy, exercise 1 (Bus bandwidth): 2 / 2 points" in report
+    assert "not your grade" in report and "`distlab grade 00`" in report
+    assert "visible test passed" not in report  # a grade's report shows no test output either
+    recorded = read_records()["00-toy"][CHECKED]["test-bus-bandwidth"]
+    assert (recorded["points"], recorded["how"]) == (2.0, "check")
+    assert "test-bus-bandwidth" not in read_records()["00-toy"]["graded"]
+
+
+def test_the_hidden_tests_run_too(shell, course):
+    visible_only = "def bus_bandwidth(n, n_bytes, seconds):\n    return 1.75e11 if n == 8 else 0.0"
+    run_cells(shell, SETUP, visible_only)
+    result = check(1, notebook="00-toy", root=course, record=False)
+    assert result.points == 0
+    assert "busbw on 3 ranks (hidden)" in result.grade.exercises[0].failure
+
+
+@pytest.mark.parametrize(
+    "shortcut, says",
+    [
+        ("def bus_bandwidth(n, b, s):\n    return sim.busbw('all_reduce', n, b, s)",
+         "your function called distlab.sim.bandwidth.busbw"),
+        ("def bus_bandwidth(n, b, s, _ref=sim.busbw):\n    return _ref('all_reduce', n, b, s)",
+         "reached without its name (a default argument"),
+        (("import functools\nbus_bandwidth = lambda n, b, s, f=functools.partial(sim.busbw, "
+          "'all_reduce'): f(n, b, s)"), "reached without its name"),
+    ],
+    ids=["by-name", "default-argument", "partial"],
+)  # fmt: skip
+def test_a_shortcut_is_caught_as_distlab_grade_catches_it(shell, course, shortcut, says):
+    run_cells(shell, SETUP, shortcut)
+    result = check(1, notebook="00", root=course, record=False)
+    assert result.points == 0
+    failure = result.grade.exercises[0].failure
+    assert failure.startswith("ExerciseShortcut: exercise 'bus bandwidth' asks you to write")
+    assert says in failure
+    from distlab import sim
+
+    assert shell.user_ns["sim"].busbw is sim.busbw  # put back after the test
+
+
+def test_a_test_that_writes_to_stderr_scores_zero_as_in_nbgrader(shell, course):
+    noisy = "import sys\ndef second():\n    print('debug', file=sys.stderr)\n    return 2"
+    run_cells(shell, SETUP, noisy)
+    result = check("second", notebook="00", root=course, record=False)
+    assert result.points == 0
+    assert "wrote to stderr" in result.grade.exercises[0].failure
+
+
+def test_the_learner_names_are_left_alone(shell, course):
+    run_cells(shell, SETUP, SOLUTION, "got = 'mine'\nwant = 'mine too'")
+    assert check(1, notebook="00", root=course, record=False).points == 2
+    assert (shell.user_ns["got"], shell.user_ns["want"]) == ("mine", "mine too")
+
+
+def test_a_name_the_kernel_lacks_says_to_run_the_cell_that_defines_it(shell, course):
+    run_cells(shell, SETUP)
+    result = check(1, notebook="00", root=course, record=False)
+    failure = result.grade.exercises[0].failure
+    assert failure.startswith("NameError: name 'bus_bandwidth' is not defined")
+    assert "if a cell above defines it, run that cell" in failure
+
+
+def test_a_test_past_the_timeout_is_reported_as_distlab_grade_reports_it(shell, course):
+    run_cells(shell, SETUP, "import time\ndef second():\n    while True:\n        time.sleep(0.05)")
+    result = check("second", notebook="00", root=course, record=False, timeout=1)
+    assert result.points == 0
+    assert result.grade.exercises[0].failure.startswith("TimeoutError: timed out after 1 s")
+
+
+def test_the_notebook_comes_from_the_kernels_file_or_the_exercise_name(shell, course, tmp_path):
+    run_cells(shell, SETUP, SOLUTION)
+    learner = tmp_path / "work" / "my copy.ipynb"
+    learner.parent.mkdir()
+    nbformat.write(toy_notebook(), learner)
+    shell.user_ns["__session__"] = str(learner)  # what ipykernel sets under JupyterLab
+    result = check(1, root=course, record=False)
+    assert (result.grade.assignment, result.grade.path) == ("00-toy", str(learner))
+    del shell.user_ns["__session__"]
+    assert check("bus-bandwidth", root=course, record=False).grade.assignment == "00-toy"
+    with pytest.raises(ValueError, match="does not say which notebook"):
+        check(1, root=course, record=False)
+    stranger = tmp_path / "work" / "other.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), stranger)
+    with pytest.raises(ValueError, match="other.ipynb is not a notebook of the course"):
+        check(1, notebook=stranger, root=course, record=False)
+    with pytest.raises(ValueError, match="no single exercise matches 'nope'"):
+        check("nope", notebook="00", root=course, record=False)
+
+
+def test_check_without_an_argument_takes_the_exercise_above_the_cell(shell, course, tmp_path):
+    learner = tmp_path / "00-toy.ipynb"
+    nbformat.write(toy_notebook(), learner)
+    run_cells(shell, SETUP, SOLUTION, SECOND)
+    shell.user_ns["__session__"] = str(learner)
+
+    class Kernel:  # ipykernel's get_parent(): the request, with JupyterLab's cell id
+        cell_id = None
+
+        def get_parent(self):
+            return {"metadata": {"cellId": self.cell_id}}
+
+    shell.kernel = Kernel()
+    try:
+        for cell_id, exercise in [("test-1", "test-bus-bandwidth"), ("md-2", "test-bus-bandwidth"),
+                                  ("sol-2", "test-bus-bandwidth"), ("test-2", "test-second"),
+                                  ("scratch", "test-second")]:  # fmt: skip
+            shell.kernel.cell_id = cell_id
+            assert check(root=course, record=False).grade.exercises[0].grade_id == exercise
+        shell.kernel.cell_id = "a-new-cell"
+        with pytest.raises(ValueError, match=r"not in the saved notebook .* save the notebook"):
+            check(root=course, record=False)
+        shell.kernel.cell_id = "setup"
+        with pytest.raises(ValueError, match="no exercise above this cell"):
+            check(root=course, record=False)
+    finally:
+        del shell.kernel
+
+
+def test_outside_a_kernel_it_says_to_use_distlab_grade():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    assert not InteractiveShell.initialized()
+    with pytest.raises(RuntimeError, match="distlab grade NN --exercise K"):
+        check(1, notebook="00")
+
+
+def test_an_exercise_is_named_by_its_test_id_with_or_without_test_or_by_its_title():
+    source = nbformat.read(source_notebook(ROOT, "02-collectives"), as_version=4)
+    assert choose_tests(source, "ring-all-reduce") == ["test-ring-all-reduce"]
+    assert choose_tests(source, "test-ring-all-gather") == ["test-ring-all-gather"]
+    assert choose_tests(source, "Ring reduce") == ["test-ring-reduce-scatter"]
+    assert choose_tests(source, "ring_all_gather") == ["test-ring-all-gather"]
+
+
+OUTPUTS = {
+    "nothing": [],
+    "stdout": [{"output_type": "stream", "name": "stdout", "text": "ok\n"}],
+    "stderr": [{"output_type": "stream", "name": "stderr", "text": "warn\n"}],
+    "error": [{"output_type": "error", "ename": "E", "evalue": "", "traceback": []}],
+    "partial": [{"output_type": "execute_result", "data": {"text/plain": "1.5"}, "metadata": {},
+                 "execution_count": 1}],
+    "text result": [{"output_type": "execute_result", "data": {"text/plain": "'done'"},
+                     "metadata": {}, "execution_count": 1}],
+    "negative": [{"output_type": "execute_result", "data": {"text/plain": "-1"}, "metadata": {},
+                  "execution_count": 1}],
+}  # fmt: skip
+
+
+@pytest.mark.slow  # importing nbgrader takes seconds
+@pytest.mark.parametrize("case", OUTPUTS)
+def test_the_points_rule_is_nbgraders(case):
+    from nbgrader.utils import determine_grade
+
+    cell = nbformat.v4.new_code_cell("x", outputs=[nbformat.from_dict(o) for o in OUTPUTS[case]])
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "points": 2, "grade_id": "t"}
+    assert autograde_points(OUTPUTS[case], 2.0) == determine_grade(cell)[0]
+
+
+# --------------------------------------------------- in a real kernel ---
+MESSAGE_S = 180  # one kernel message on a loaded 2-core machine (the first imports torch)
+
+
+class LabKernel:
+    """A real kernel, sent requests as JupyterLab sends them: with the cell's id."""
+
+    def __init__(self, cwd: Path, notebook: Path, **env: str):
+        from jupyter_client import KernelManager
+
+        self.manager = KernelManager(kernel_name="python3")
+        env = {**os.environ, **env, "JPY_SESSION_NAME": str(notebook)}  # as jupyter_server does
+        self.manager.start_kernel(cwd=str(cwd), env=env)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=MESSAGE_S)
+
+    def run(self, code: str, cell_id: str) -> tuple[str, dict | None]:
+        content = {"code": code, "silent": False, "store_history": True,
+                   "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}  # fmt: skip
+        message = self.client.session.msg("execute_request", content, metadata={"cellId": cell_id})
+        self.client.shell_channel.send(message)
+        msg_id, text, error = message["header"]["msg_id"], [], None
+        while True:
+            reply = self.client.get_iopub_msg(timeout=MESSAGE_S)
+            if reply["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, body = reply["msg_type"], reply["content"]
+            if kind == "stream":
+                text.append(body["text"])
+            elif kind in ("execute_result", "display_data"):
+                text.append(body["data"].get("text/plain", ""))
+            elif kind == "error":
+                error = body
+            elif kind == "status" and body["execution_state"] == "idle":
+                return "".join(text), error
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+@pytest.mark.slow
+def test_in_a_real_kernel_check_finds_the_notebook_and_the_exercise_above(course, tmp_path):
+    learner = tmp_path / "00-toy.ipynb"
+    nb = toy_notebook()
+    nb.cells.insert(3, _cell("code", "import distlab\ndistlab.check()", "check-here"))
+    nbformat.write(nb, learner)
+    kernel = LabKernel(tmp_path, learner, DISTLAB_COURSE_ROOT=str(course))
+    try:
+        for cell in [SETUP, SOLUTION]:
+            assert kernel.run(cell, "x")[1] is None
+        shown, error = kernel.run("import distlab\ndistlab.check()", "check-here")
+        assert error is None, error
+        assert "00-toy, exercise 1 (Bus bandwidth): 2 / 2 points" in shown
+        kernel.run(
+            "def bus_bandwidth(n, b, s, _f=sim.busbw):\n    return _f('all_reduce', n, b, s)",
+            "sol-1",
+        )
+        shown, _ = kernel.run("distlab.check()", "check-here")
+        assert "0 / 2 points" in shown and "reached without its name" in shown
+    finally:
+        kernel.close()
+    checked = read_records()["00-toy"][CHECKED]["test-bus-bandwidth"]
+    assert (checked["points"], checked["path"]) == (0.0, str(learner))
+
+
+# ------------------------------------- the check against distlab grade --exercise ---
+#: Exercises left out of the comparison, and why.
+NOT_COMPARED = {
+    "idle-share": "its test measures idle time on real processes: on a loaded machine the "
+    "grade and the check can disagree on timing alone (seen: the grade measured 57.7 % "
+    "idle against the formula's 27.3 %, at load 7 on 2 cores, and failed the solution)",
+}
+
+
+def _exercise(module, source) -> str:
+    """The notebook's exercise to compare: its solution cell with the fewest mutants (ties:
+    the first), of those not in :data:`NOT_COMPARED`."""
+    order = [
+        grade_id_of(c)
+        for c in source.cells
+        if grade_id_of(c) in module.MUTANTS and grade_id_of(c) not in NOT_COMPARED
+    ]
+    return min(order, key=lambda solution_id: len(module.MUTANTS[solution_id]))
+
+
+CHECK_CELL = """import json as _json, distlab as _distlab
+_result = _distlab.check({test!r}, notebook={path!r}, record=False)
+print("CHECK " + _json.dumps({{"points": _result.points, "failure": _result.grade.exercises[0].failure,
+                              "seconds": _result.seconds}}))"""
+
+
+def _checked(outputs) -> dict:
+    for output in outputs:
+        if output.get("output_type") == "stream" and "CHECK {" in output.get("text", ""):
+            return json.loads(output["text"].split("CHECK ", 1)[1].splitlines()[0])
+        if output.get("output_type") == "error":
+            raise AssertionError(f"the check raised: {output['ename']}: {output['evalue']}")
+    raise AssertionError(f"no check result in {outputs}")
+
+
+#: The notebooks whose comparison runs in the suite: the kinds of exercise there are (on
+#: real processes: 00; a collective with the library's withheld: 02; numbers in one
+#: process: 03; the newest material: 13). Each costs 1-3 minutes of kernels; all 14 were
+#: compared once when the check was written (13 equal; 08's idle-share, see NOT_COMPARED,
+#: disagreed on timing and 08 was then compared on another exercise, equal), and
+#: ``DISTLAB_CHECK_EVERY_NOTEBOOK=1 pytest tests/test_check.py`` runs them all.
+COMPARED = ("m00_launching", "m02_collectives", "m03_algorithms_and_cost",
+            "m13_sharded_matmuls_and_overlap")  # fmt: skip
+
+EVERY_NOTEBOOK = os.environ.get("DISTLAB_CHECK_EVERY_NOTEBOOK") == "1"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(
+    "mutants",
+    [p for p in MUTANT_FILES if EVERY_NOTEBOOK or p.stem in COMPARED],
+    ids=lambda p: p.stem,
+)
+def test_the_check_gives_the_points_distlab_grade_exercise_gives(mutants, tmp_path):
+    module = load_module(mutants)
+    name = module.ASSIGNMENT
+    source = nbformat.read(source_notebook(ROOT, name), as_version=4)
+    released = nbformat.read(released_notebook(ROOT, name), as_version=4)
+    solution_id = _exercise(module, source)
+    the_plan = plan(source, solution_id)
+    test_id = grade_id_of(the_plan.cells[the_plan.tests[0]])
+    solution = the_plan.cells[the_plan.solution].source
+    stub = next(c.source for c in released.cells if grade_id_of(c) == solution_id)
+    variants = [("solution", solution), ("stub", stub)]
+    variants += [
+        (what, mutant_source(solution, change)) for what, change in module.MUTANTS[solution_id]
+    ]
+    solved = {grade_id_of(c): c.source for c in source.cells if grade_id_of(c) and not is_graded(c)}
+    work = tmp_path / "work"
+    shutil.copytree(
+        released_notebook(ROOT, name).parent, work, ignore=shutil.ignore_patterns("*.ipynb")
+    )
+    learner = work / f"{name}.ipynb"
+
+    graded = {}
+    for what, variant in variants:  # distlab grade --exercise, on the learner's file
+        nb = nbformat.read(released_notebook(ROOT, name), as_version=4)
+        for cell in nb.cells:
+            if grade_id_of(cell) in solved and cell.metadata["nbgrader"].get("solution"):
+                cell.source = (
+                    variant if grade_id_of(cell) == solution_id else solved[grade_id_of(cell)]
+                )
+        nbformat.write(nb, learner)
+        exercise = grade_exercise(learner, test_id).exercises[0]
+        graded[what] = (exercise.points, exercise.failure)
+    nbformat.write(nb, learner)  # the file the check identifies the notebook by
+
+    checked = {}
+    with Kernel(str(work)) as kernel:  # the learner's kernel: the cells run once, in order
+        for index in the_plan.prefix:
+            kernel.run(the_plan.cells[index].source)
+        for what, variant in variants:
+            for index in the_plan.per_variant:
+                if index == the_plan.solution:
+                    kernel.run(variant)
+                elif not is_graded(the_plan.cells[index]):
+                    kernel.run(the_plan.cells[index].source)
+            result = _checked(kernel.run(CHECK_CELL.format(test=test_id, path=str(learner))))
+            checked[what] = (result["points"], result["failure"])
+
+    differ = [
+        f"{what}: grade {graded[what][0]:g} ({_first(graded[what][1])}), "
+        f"check {checked[what][0]:g} ({_first(checked[what][1])})"
+        for what, _ in variants
+        if graded[what][0] != checked[what][0]
+    ]
+    assert not differ, f"{name} {test_id}:\n" + "\n".join(differ)
+    assert graded["solution"][0] > 0 and graded["stub"][0] == 0
+
+
+def _first(failure: str | None) -> str:
+    return textwrap.shorten(failure.splitlines()[0], 100) if failure else "passed"
