@@ -10,7 +10,7 @@ thread adds up the memory (PSS, so shared libraries count once) of every
 process this script started, the kernel and the worker processes
 ``distlab.run`` spawns from it, every 0.1 s, and keeps the peak.
 
-The bars, which the README states and ``tests/test_readme.py`` keeps equal to these
+The bars, which the course page (docs/course.md) states and ``tests/test_readme.py`` keeps equal to these
 constants: each notebook runs in under TIME_BAR_S seconds, and its processes together
 (kernel and workers) stay under MEMORY_BAR_BYTES (Binder offers 2 GB). The script exits
 with status 1 if a notebook misses a bar, or if a ``solutions/`` notebook has a cell

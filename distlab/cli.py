@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from distlab import grading
+from distlab import grading, site
 from distlab.commands import bench, calc, placement, progress, sim
 
 # each registers these subcommands
@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     calc,  # distlab memory, distlab bubble, distlab plan
     grading,  # distlab grade
     progress,  # distlab progress
+    site,  # distlab site build
 ]
 
 

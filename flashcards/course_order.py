@@ -39,20 +39,31 @@ def section_anchor(heading: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
 
 
-def notebook_sections(notebook_path: str | os.PathLike) -> list[str]:
-    """Section anchors of a notebook's Markdown headings, in the order they appear."""
+def markdown_headings(text: str) -> list[str]:
+    """The text of each Markdown heading line in ``text`` (``"## DP vs DDP"`` -> ``DP vs DDP``)."""
+    return _HEADING.findall(text)
+
+
+def notebook_headings(notebook_path: str | os.PathLike) -> dict[str, str]:
+    """Section anchor -> heading text of a notebook's Markdown headings, in the order they
+    appear (a repeated anchor keeps its first heading)."""
     cells = json.loads(Path(notebook_path).read_text(encoding="utf-8")).get("cells", [])
-    anchors: list[str] = []
+    headings: dict[str, str] = {}
     for cell in cells:
         if cell.get("cell_type") != "markdown":
             continue
         source = cell.get("source", "")
         text = "".join(source) if isinstance(source, list) else source
-        for heading in _HEADING.findall(text):
+        for heading in markdown_headings(text):
             anchor = section_anchor(heading)
-            if anchor and anchor not in anchors:
-                anchors.append(anchor)
-    return anchors
+            if anchor and anchor not in headings:
+                headings[anchor] = heading
+    return headings
+
+
+def notebook_sections(notebook_path: str | os.PathLike) -> list[str]:
+    """Section anchors of a notebook's Markdown headings, in the order they appear."""
+    return list(notebook_headings(notebook_path))
 
 
 def course_root() -> Path | None:

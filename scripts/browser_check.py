@@ -1,6 +1,6 @@
 """The full real-browser check: every course notebook under Run All, then the drill.
 
-    python scripts/browser_check.py            # every notebook (CI runs two: see README)
+    python scripts/browser_check.py            # every notebook (CI runs two: see docs/testing.md)
     python scripts/browser_check.py -x -v      # extra arguments go to pytest
 
 Runs tests/browser with DISTLAB_BROWSER_NOTEBOOKS=all. Needs Debian's Chromium and the

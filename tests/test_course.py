@@ -18,6 +18,7 @@ import nbformat
 import pytest
 
 from distlab import grading
+from distlab.site import executed
 from flashcards.course_order import notebook_sections
 
 ROOT = grading.find_course_root()
@@ -49,7 +50,10 @@ SOLUTION_CELLS = [  # (assignment, notebook, code cell index): one nbval-style t
 
 
 @pytest.fixture(scope="module")
-def course(tmp_path_factory) -> Path:
+def course(tmp_path_factory, request) -> Path:
+    """The course graded by nbgrader; the solutions as they ran are kept in pytest's cache
+    (``.pytest_cache/d/executed-notebooks``) for ``distlab site build``, which shows their
+    outputs instead of running the notebooks again (:mod:`distlab.site.executed`)."""
     course_dir = tmp_path_factory.mktemp("course")
     grading.prepare_course(course_dir)
     for assignment, name in NOTEBOOKS:
@@ -64,6 +68,9 @@ def course(tmp_path_factory) -> Path:
     _solve_only(PARTIAL_SOLVED, course_dir / "course" / PARTIAL_ASSIGNMENT / partial.name, partial)
     grading.submit(course_dir, "partial", PARTIAL_ASSIGNMENT, partial)
     grading.autograde(course_dir)
+    if getattr(request.config, "cache", None) is not None:  # None under -p no:cacheprovider
+        keep = request.config.cache.mkdir(executed.PYTEST_CACHE_KEY)
+        executed.store(course_dir / "autograded" / "solution", keep, ROOT)
     return course_dir
 
 

@@ -1,6 +1,6 @@
 """The package map: every import of ``distlab`` and ``flashcards`` runs down the floors.
 
-The floors, ground first (the README's "What is inside" shows the same map):
+The floors, ground first (the site page docs/inside.md, "What is inside", shows the same map):
 
 0. ``distlab.core`` (units, argument checks, the rank layout, both schedule types, the
    course layout), ``distlab.progress``, ``distlab.withheld``: pure Python, no torch;

@@ -1,8 +1,8 @@
-"""What the notebooks' prose and the README tell a learner to type exists.
+"""What the notebooks' prose, the README and the site's pages tell a learner to type exists.
 
 Every ``distlab ...`` and ``flashcards ...`` command written in a markdown cell of a
-``solutions/`` notebook (an inline code span or a line of a fenced block) and in the
-README is parsed by the command's own argparse parser: an unknown subcommand or option
+``solutions/`` notebook (an inline code span or a line of a fenced block), in the
+README and in the site's pages (``docs/*.md``) is parsed by the command's own argparse parser: an unknown subcommand or option
 fails here, before a learner meets it. Nothing is run: parsing stops before the
 command's work. A ``flashcards`` ``--notebook`` or ``--up-to`` value must name a notebook of the course.
 """
@@ -53,6 +53,7 @@ def _commands_in(line: str) -> list[str]:
 
 def _sources() -> list[tuple[str, str]]:
     sources = [("README.md", (ROOT / "README.md").read_text())]
+    sources += [(f"docs/{p.name}", p.read_text()) for p in sorted((ROOT / "docs").glob("*.md"))]
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:

@@ -1,9 +1,9 @@
 """The two tiers of the suite, and the report that keeps the fast one fast.
 
 ``python -m pytest`` runs everything; ``python -m pytest -m "not slow"`` is the fast tier
-(README, "Tests"). The ``slow`` marker goes on a test by what it was measured to cost: more
-than :data:`FAST_TIER_BUDGET_S` seconds (setup, call and teardown together) on a quiet
-2-core machine, or a share of a slow module-scoped fixture.
+(docs/testing.md, "Tests and CI"). The ``slow`` marker goes on a test by what it was measured
+to cost: more than :data:`FAST_TIER_BUDGET_S` seconds (setup, call and teardown together) on a
+quiet 2-core machine, or a share of a slow module-scoped fixture.
 
 At the end of every run this plugin prints the :data:`SHOWN` slowest tests with their
 marker, and flags each test that is *not* marked slow and took longer than the budget. The
