@@ -1,7 +1,7 @@
 """The site build's pieces (distlab.site): outputs onto the released notebook, the executed
 copies it reuses, the deck and library pages, the box on each page, and the heading anchors.
 
-The whole site in a browser is tests/browser/test_site.py."""
+The whole site in a browser is tests/browser/test_site_pages.py."""
 
 from __future__ import annotations
 
