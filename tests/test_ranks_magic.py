@@ -367,8 +367,9 @@ def test_nothing_outlives_the_kernel(tmp_path, how):
 
 @pytest.mark.slow
 def test_the_readme_example_runs_cell_by_cell(kernel):
-    """The README's ``ipython`` block, one cell per paragraph, says what it shows."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """The ``ipython`` block of the page on running code (docs/running.md, once the README's),
+    one cell per paragraph, says what it shows."""
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "running.md").read_text()
     block = re.search(r"```ipython\n(.*?)```", readme, flags=re.DOTALL).group(1)
     shown = []
     for cell in block.strip().split("\n\n"):
