@@ -176,7 +176,7 @@ class MoE(nn.Module):
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """The router's scores, computed in fp32 whatever the rest runs in: Switch
-        Transformer's "selective precision" (Fedus et al. 2021, Section 2.4, Table 2). A
+        Transformer's "selective precision" (Fedus et al. 2021, Section 2.4.1). A
         16-bit router flips top-k choices on rounding alone, and a flipped choice moves a
         token to another expert, a large change; under ``torch.autocast`` the experts still
         run in 16 bits."""
