@@ -8,31 +8,27 @@ learner's names left alone, which notebook and which exercise, the record. One t
 in a real kernel as JupyterLab does (the notebook's file in ``JPY_SESSION_NAME``, the cell's
 id in the request's metadata) for ``distlab.check()`` with no argument.
 
-The slow test, one per course notebook: for one exercise (the one with the fewest mutants),
-the check's points in one live kernel equal ``distlab grade --exercise``'s for the
-solution, the released stub and every mutant (``tests/mutants/``).
+The check's points against ``distlab grade --exercise``'s, for the solution, the released
+stub and every mutant of one exercise per compared notebook, are in
+``tests/test_grading_mutants.py``: the check runs in the mutation suite's kernel, after
+each variant, so the comparison pays for no kernel and no prefix cells of its own.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import textwrap
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from distlab.core.course import find_course_root, released_notebook, source_notebook
-from distlab.grading.cells import autograde_points, grade_id_of, is_graded
-from distlab.grading.exercise import choose_tests, grade_exercise
-from distlab.grading.mutants import Kernel, load_module, mutant_source, plan
+from distlab.core.course import find_course_root, source_notebook
+from distlab.grading.cells import autograde_points
+from distlab.grading.exercise import choose_tests
 from distlab.grading.record import CHECKED, read_records
 
 ROOT = find_course_root()
-MUTANT_FILES = sorted((ROOT / "tests" / "mutants").glob("m[0-9][0-9]_*.py"))
 
 # ------------------------------------------------------------- a small course ---
 SETUP = "from distlab import sim\nfrom distlab.withheld import expect, withheld"
@@ -352,118 +348,3 @@ def test_in_a_real_kernel_check_finds_the_notebook_and_the_exercise_above(course
         kernel.close()
     checked = read_records()["00-toy"][CHECKED]["test-bus-bandwidth"]
     assert (checked["points"], checked["path"]) == (0.0, str(learner))
-
-
-# ------------------------------------- the check against distlab grade --exercise ---
-#: Exercises left out of the comparison, and why.
-NOT_COMPARED = {
-    "idle-share": "its test measures idle time on real processes: on a loaded machine the "
-    "grade and the check can disagree on timing alone (seen: the grade measured 57.7 % "
-    "idle against the formula's 27.3 %, at load 7 on 2 cores, and failed the solution)",
-}
-
-
-def _exercise(module, source) -> str:
-    """The notebook's exercise to compare: its solution cell with the fewest mutants (ties:
-    the first), of those not in :data:`NOT_COMPARED`."""
-    order = [
-        grade_id_of(c)
-        for c in source.cells
-        if grade_id_of(c) in module.MUTANTS and grade_id_of(c) not in NOT_COMPARED
-    ]
-    return min(order, key=lambda solution_id: len(module.MUTANTS[solution_id]))
-
-
-CHECK_CELL = """import json as _json, distlab as _distlab
-_result = _distlab.check({test!r}, notebook={path!r}, record=False)
-print("CHECK " + _json.dumps({{"points": _result.points, "failure": _result.grade.exercises[0].failure,
-                              "seconds": _result.seconds}}))"""
-
-
-def _checked(outputs) -> dict:
-    for output in outputs:
-        if output.get("output_type") == "stream" and "CHECK {" in output.get("text", ""):
-            return json.loads(output["text"].split("CHECK ", 1)[1].splitlines()[0])
-        if output.get("output_type") == "error":
-            raise AssertionError(f"the check raised: {output['ename']}: {output['evalue']}")
-    raise AssertionError(f"no check result in {outputs}")
-
-
-#: The notebooks whose comparison runs in the suite: the kinds of exercise there are (on
-#: real processes: 00; a collective with the library's withheld: 02; numbers in one
-#: process: 03; the newest material: 13). Each costs 1-3 minutes of kernels; all 14 were
-#: compared once when the check was written (13 equal; 08's idle-share, see NOT_COMPARED,
-#: disagreed on timing and 08 was then compared on another exercise, equal), and
-#: ``DISTLAB_CHECK_EVERY_NOTEBOOK=1 pytest tests/test_check.py`` runs them all.
-COMPARED = ("m00_launching", "m02_collectives", "m03_algorithms_and_cost",
-            "m13_sharded_matmuls_and_overlap")  # fmt: skip
-
-EVERY_NOTEBOOK = os.environ.get("DISTLAB_CHECK_EVERY_NOTEBOOK") == "1"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize(
-    "mutants",
-    [p for p in MUTANT_FILES if EVERY_NOTEBOOK or p.stem in COMPARED],
-    ids=lambda p: p.stem,
-)
-def test_the_check_gives_the_points_distlab_grade_exercise_gives(mutants, tmp_path):
-    module = load_module(mutants)
-    name = module.ASSIGNMENT
-    source = nbformat.read(source_notebook(ROOT, name), as_version=4)
-    released = nbformat.read(released_notebook(ROOT, name), as_version=4)
-    solution_id = _exercise(module, source)
-    the_plan = plan(source, solution_id)
-    test_id = grade_id_of(the_plan.cells[the_plan.tests[0]])
-    solution = the_plan.cells[the_plan.solution].source
-    stub = next(c.source for c in released.cells if grade_id_of(c) == solution_id)
-    variants = [("solution", solution), ("stub", stub)]
-    variants += [
-        (what, mutant_source(solution, change)) for what, change in module.MUTANTS[solution_id]
-    ]
-    solved = {grade_id_of(c): c.source for c in source.cells if grade_id_of(c) and not is_graded(c)}
-    work = tmp_path / "work"
-    shutil.copytree(
-        released_notebook(ROOT, name).parent, work, ignore=shutil.ignore_patterns("*.ipynb")
-    )
-    learner = work / f"{name}.ipynb"
-
-    graded = {}
-    for what, variant in variants:  # distlab grade --exercise, on the learner's file
-        nb = nbformat.read(released_notebook(ROOT, name), as_version=4)
-        for cell in nb.cells:
-            if grade_id_of(cell) in solved and cell.metadata["nbgrader"].get("solution"):
-                cell.source = (
-                    variant if grade_id_of(cell) == solution_id else solved[grade_id_of(cell)]
-                )
-        nbformat.write(nb, learner)
-        exercise = grade_exercise(learner, test_id).exercises[0]
-        graded[what] = (exercise.points, exercise.failure)
-    nbformat.write(nb, learner)  # the file the check identifies the notebook by
-
-    checked = {}
-    with Kernel(str(work)) as kernel:  # the learner's kernel: the cells run once, in order
-        for index in the_plan.prefix:
-            kernel.run(the_plan.cells[index].source)
-        for what, variant in variants:
-            for index in the_plan.per_variant:
-                if index == the_plan.solution:
-                    kernel.run(variant)
-                elif not is_graded(the_plan.cells[index]):
-                    kernel.run(the_plan.cells[index].source)
-            result = _checked(kernel.run(CHECK_CELL.format(test=test_id, path=str(learner))))
-            checked[what] = (result["points"], result["failure"])
-
-    differ = [
-        f"{what}: grade {graded[what][0]:g} ({_first(graded[what][1])}), "
-        f"check {checked[what][0]:g} ({_first(checked[what][1])})"
-        for what, _ in variants
-        if graded[what][0] != checked[what][0]
-    ]
-    assert not differ, f"{name} {test_id}:\n" + "\n".join(differ)
-    assert graded["solution"][0] > 0 and graded["stub"][0] == 0
-
-
-def _first(failure: str | None) -> str:
-    return textwrap.shorten(failure.splitlines()[0], 100) if failure else "passed"

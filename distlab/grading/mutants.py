@@ -13,7 +13,10 @@ visible case hard-coded) proves it checks understanding. For one solution cell
    each variant of ``S`` (the solution, the released stub, every mutant, and
    the solution again, to show that no variant left the kernel in a state that
    changes the verdict) runs ``S`` and the cells that depend on it;
-3. reports, per variant, which dependent test cells raised.
+3. reports, per variant, which dependent test cells raised, and what a cell of the
+   caller's (``after``), run after the variant's cells, showed: the suite runs
+   ``distlab.check`` there, to compare its points with ``distlab grade --exercise``'s
+   without a kernel and a prefix of its own.
 
 A mutant is *caught* when at least one test cell that depends on it raises,
 so it earns less than full marks, as in the whole-notebook grade.
@@ -44,6 +47,7 @@ class Verdict:
     variant: str  # "solution", "stub", "solution again", or the mutant's description
     failed: tuple[str, ...]  # grade ids of the dependent test cells that raised
     messages: tuple[str, ...]  # their errors, "ExcType: first line"
+    after: tuple = ()  # the outputs of the caller's ``after`` cell, run after the variant
 
     @property
     def caught(self) -> bool:
@@ -138,10 +142,11 @@ class Kernel:
 
 
 def run_variants(
-    plan: MutationPlan, variants: list[tuple[str, str]], kernel: Kernel
+    plan: MutationPlan, variants: list[tuple[str, str]], kernel: Kernel, after: str = ""
 ) -> list[Verdict]:
     """Run the prefix once and each ``(name, source of the solution cell)`` variant after it,
-    in ``kernel``; return what the dependent test cells did with each."""
+    in ``kernel``; return what the dependent test cells did with each, and what the cell
+    ``after`` (if any) showed when run after them."""
     verdicts = []
     for index in plan.prefix:
         kernel.run(plan.cells[index].source)
@@ -153,7 +158,8 @@ def run_variants(
             if index in plan.tests and error:
                 failed.append(grade_id_of(plan.cells[index]))
                 messages.append(error)
-        verdicts.append(Verdict(name, tuple(failed), tuple(messages)))
+        shown = tuple(kernel.run(after)) if after else ()
+        verdicts.append(Verdict(name, tuple(failed), tuple(messages), shown))
     return verdicts
 
 
@@ -177,19 +183,25 @@ def mutant_source(solution: str, change) -> str:
     return solution
 
 
-def check_solution_cell(source_nb, released_nb, solution_id: str, mutants, kernel: Kernel):
+def check_solution_cell(
+    source_nb, released_nb, solution_id: str, mutants, kernel: Kernel, after: str = ""
+):
     """Verdicts for the solution, the released stub, each mutant and the solution again."""
     cells = {grade_id_of(c): c for c in released_nb.cells if grade_id_of(c)}
     the_plan = plan(source_nb, solution_id)
     solution = the_plan.cells[the_plan.solution].source
     variants = [("solution", solution), ("stub", cells[solution_id].source)]
     variants += [(what, mutant_source(solution, change)) for what, change in mutants]
-    return the_plan, run_variants(the_plan, [*variants, ("solution again", solution)], kernel)
+    variants.append(("solution again", solution))
+    return the_plan, run_variants(the_plan, variants, kernel, after)
 
 
-def check_notebook(root: Path, mutants_file: Path, cwd: str) -> dict[str, list[Verdict]]:
+def check_notebook(
+    root: Path, mutants_file: Path, cwd: str, after: dict[str, str] | None = None
+) -> dict[str, list[Verdict]]:
     """Verdicts for every solution cell that ``mutants_file`` has mutants for, in notebook
-    order, all in one kernel (see :class:`Kernel`)."""
+    order, all in one kernel (see :class:`Kernel`); ``after`` maps a solution cell's grade id
+    to a cell run after each of its variants (:attr:`Verdict.after`)."""
     import nbformat
 
     module = load_module(mutants_file)
@@ -203,7 +215,12 @@ def check_notebook(root: Path, mutants_file: Path, cwd: str) -> dict[str, list[V
     with Kernel(cwd) as kernel:
         return {
             solution_id: check_solution_cell(
-                source, released, solution_id, module.MUTANTS[solution_id], kernel
+                source,
+                released,
+                solution_id,
+                module.MUTANTS[solution_id],
+                kernel,
+                (after or {}).get(solution_id, ""),
             )[1]
             for solution_id in order
         }
