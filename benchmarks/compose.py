@@ -82,7 +82,7 @@ def calculated(layout, config, moe, rank: int, precision: str):
                     tie_embeddings=config.tie_embeddings)  # fmt: skip
     moe_spec = MoESpec(num_experts=4, **moe) if moe else None
     b = BATCH // (layout.dp * layout.micro_batches)
-    comm = layout_comm(spec, layout, rank, micro_batch=b, moe=moe_spec)
+    comm = layout_comm(spec, layout, rank, micro_batch=b, moe=moe_spec, precision=precision)
     state = layout_model_state(spec, layout, rank, moe=moe_spec).total
     if moe:
         activations = "MoE dispatch and combine buffers are not counted"

@@ -15,7 +15,9 @@ with bf16 copies of its LayerNorm weights. Ten steps carry those differences on.
 Measured, the largest relative difference of a loss from the one-process bf16 run is
 1.7e-2 (the MoE layouts; 1.2e-2 the largest dense one), so the bound is 3e-2. The run
 must also really be 16-bit: its losses differ from the fp32 run's by more than 1e-4
-(measured at least 1.4e-3), where the fp32 layouts equal one process to 1e-5.
+(measured at least 1.4e-3), where the fp32 layouts equal one process to 1e-5. On every
+rank and step, the wire bytes per group equal ``layout_comm(..., precision="bf16")``:
+the messages that carry 16-bit tensors weigh half, the others as in fp32.
 
 **fp16 with dynamic loss scaling**, FSDP (TP2 x PP2 x DP2) and ZeRO-2 (TP2 x DP2),
 starting at a scale of 2^20, which overflows float16 in backward: every rank of every
@@ -34,6 +36,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_compose import BATCH, CASES, LR, OPTIMIZER, STEPS, make_model
+from test_compose_traffic import predicted
 
 import distlab
 from distlab.core.layout import Layout
@@ -57,7 +60,7 @@ def _train(rank, world_size, layout, config, moe, precision):
     scaler = DynamicLossScaler(FP16_INIT_SCALE) if precision == "fp16" else None
     run = train(make_model(config, moe), layout, tokens, targets, steps=STEPS, lr=LR,
                 optimizer=OPTIMIZER, precision=precision, loss_scaler=scaler)  # fmt: skip
-    return run.rank, run.losses, run.skipped_steps, run.precision
+    return run.rank, run.losses, run.skipped_steps, run.precision, run.bytes_by_group
 
 
 def one_process(layout: Layout, config, moe, dtype: torch.dtype | None):
@@ -116,11 +119,15 @@ def test_bf16_layouts_stay_within_rounding_of_one_bf16_process(name):
     fp32, _ = _single_threaded(one_process, layout, config, moe, None)
     assert want[-1] < 0.9 * want[0], "the bf16 reference does not train"
     runs = distlab.run(_train, layout.world_size, args=(layout, config, moe, "bf16"), timeout=300)
-    reported = [losses for _, losses, _, _ in runs if losses is not None]
+    reported = [losses for _, losses, _, _, _ in runs if losses is not None]
     assert reported and all(losses == reported[0] for losses in reported), name
-    assert all(skipped == [] and precision == "bf16" for _, _, skipped, precision in runs)
+    assert all(skipped == [] and precision == "bf16" for _, _, skipped, precision, _ in runs)
     assert _max_relative(reported[0], want) < BF16_RTOL, (name, reported[0], want)
     assert _max_relative(reported[0], fp32) > 1e-4, f"{name}: bf16 gave the fp32 losses"
+    for rank, _, _, _, steps in runs:  # the 16-bit messages weigh half (layout_comm's tables)
+        calc = predicted(layout, config, moe, rank, precision="bf16")
+        for step, sent in enumerate(steps):
+            assert sent == calc, f"{name}, rank {rank}, step {step}: traced {sent}, calc {calc}"
 
 
 @pytest.mark.slow
@@ -131,14 +138,14 @@ def test_fp16_skips_the_same_overflowing_steps_on_every_rank(name):
     assert want_skipped and len(want_skipped) < STEPS, "the scale must overflow, then not"
     runs = distlab.run(_train, layout.world_size, args=(layout, config, moe, "fp16"), timeout=300)
     skipped = runs[0][2]
-    for rank, _, theirs, _ in runs:
+    for rank, _, theirs, _, _ in runs:
         assert theirs == skipped, (name, rank, theirs, skipped)  # every rank, every stage
     certain = first_run(want_skipped)  # the steps whose scale overflows by a wide margin
     assert skipped[: len(certain)] == certain, (name, skipped, want_skipped)
     # near the threshold one more step may overflow in one run and not the other: compare
     # the losses up to the first step where the two runs' skips differ
     same = next((s for s in range(1, STEPS + 1) if (s in skipped) != (s in want_skipped)), STEPS)
-    reported = next(losses for _, losses, _, _ in runs if losses is not None)
+    reported = next(losses for _, losses, _, _, _ in runs if losses is not None)
     assert _max_relative(reported[:same], want[:same]) < FP16_RTOL, (name, reported, want)
 
 

@@ -47,7 +47,8 @@ layers split into dense and MoE ones (:func:`rank_modules`):
   after every backward pass (m v per step) and one all-gather; FSDP
   (:func:`fsdp_unit_parts`) two all-gathers and a reduce-scatter per unit (one per
   module owning parameters) and per micro-batch: :func:`~distlab.calc.comm.data_parallel_comm`
-  for each.
+  for each (with full recomputation, a third all-gather of a block's units:
+  :func:`fsdp_regathered_parts`).
 
 **Recomputation** sends the forward's messages again, in backward: ``recompute="full"``
 re-runs each block's forward (its context-parallel K/V messages and its MoE all-to-alls:
@@ -55,6 +56,14 @@ every ``forward`` part of those counted twice; its tensor-parallel collectives b
 block's closing one, :func:`recomputed_tensor_parts`), and
 ``"selective"`` with cp > 1 re-runs the attention core, whose K/V messages are the
 context-parallel forward ones (:func:`recomputed`).
+
+**Mixed precision** (``precision="bf16"`` or ``"fp16"``, :func:`distlab.parallel.compose.train`'s)
+changes what some messages weigh, not how many there are: under ``torch.autocast`` the
+parameters stay fp32 and each matmul casts its inputs to 16 bits, so a message is 16-bit
+exactly when it carries a matmul's output or that output's gradient (:data:`AUTOCAST_16_BIT`);
+under FSDP's policy the parameters themselves are gathered in 16 bits, so every
+activation is 16-bit and only the gradient reductions and the loss stay fp32
+(:data:`FSDP_FP32`). :func:`message_widths` applies the two tables.
 
 Not per step, so not here: ZeRO's and FSDP's broadcast of the parameters when they are
 built, the loss average the loop reports, checks made when the model is built.
@@ -72,6 +81,7 @@ from distlab.core.checks import positive, positive_int
 from distlab.core.layout import Layout
 from distlab.core.pipeline_schedule import V_SHAPED
 from distlab.core.ranks import GROUP_NAMES
+from distlab.core.units import dtype_bytes
 
 from .buckets import zero_flat_groups
 from .comm import (
@@ -95,6 +105,42 @@ PIPELINE_HEADER_BYTES = 64
 #: schedules that split the backward into input- and weight-gradient passes: FSDP's and
 #: ZeRO-2's per-backward collectives run on another count there (not modelled)
 SPLIT_BACKWARD = ("zb_h1", "zb_h2", *V_SHAPED)
+#: ``precision``: what :func:`distlab.parallel.compose.train` computes in (its ``PRECISIONS``)
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: Under ``torch.autocast`` with fp32 parameters, the messages (by group kind, then part) that
+#: carry a 16-bit tensor, and why; every other message carries an fp32 one: the residual
+#: stream between stages (an fp32 input plus a 16-bit output is fp32), the embedding
+#: lookup (not a matmul), the LayerNorm outputs a column layer gathers (autocast runs
+#: layer_norm in fp32, and the cast to 16 bits sits inside the linear, so its gradient is
+#: cast back to fp32 before the all-reduce behind it), the loss (computed in fp32) and
+#: every gradient reduction (the gradients of fp32 parameters are fp32). ``"*"``: all.
+AUTOCAST_16_BIT = {
+    "tp": {
+        "forward all-reduce": "the row-parallel linear's output",
+        "forward all-reduce (MoE layers' attention)": "the row-parallel linear's output",
+        "forward all-reduce recomputed (attention's)": "the row-parallel linear's output",
+        "forward reduce-scatter (SP)": "the row-parallel linear's output",
+        "forward reduce-scatter recomputed (SP, attention's)": "the row-parallel linear's output",
+        "backward all-gather (SP)": "the gradient of that 16-bit output",
+        "backward reduce-scatter (SP)": "dX of distlab's column layer, whose own backward "
+        "runs its matmuls under the step's autocast (LinearsOnGatheredSequence)",
+        "head input-gradient reduce-scatter (SP)": "dX of the head, the same column layer",
+    },
+    "cp": {"*": "q, k and v are linear outputs, and attention's output is 16-bit too"},
+    "ep": {"*": "the expert buffers are einsums of the tokens (autocast runs einsum in 16 "
+           "bits), and the experts' outputs are linear outputs"},
+}  # fmt: skip
+#: Under FSDP's ``MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)`` every
+#: parameter is gathered in 16 bits, so every activation and its gradient is 16-bit;
+#: the messages that stay fp32, and why.
+FSDP_FP32 = {
+    "tp": {
+        "loss log-sum-exp all-gather (fp32)": "the vocab-parallel loss runs in fp32",
+        "loss target-logit all-reduce (fp32)": "the vocab-parallel loss runs in fp32",
+    },
+    "data": {"gradient reduce-scatter": "reduce_dtype=fp32: gradients are reduced in fp32"},
+    "embedding": {"*": "a gradient, in fp32 after FSDP's reduction"},
+}
 
 
 @dataclass(frozen=True)
@@ -397,6 +443,21 @@ def fsdp_unit_parts(modules, *, group: int, micro_batches: int, bytes_per_elemen
     return parts
 
 
+def fsdp_regathered_parts(modules, *, group: int, micro_batches: int,
+                          bytes_per_element: int) -> tuple:  # fmt: skip
+    """Full recomputation under FSDP: re-running a block's forward in backward gathers its
+    units again, once per micro-batch, all but the block's closing one (the MLP's second
+    linear, ``mlp.fc2``: the recomputation stops at the last tensor backward needs, that
+    linear's input, as for the tensor-parallel collectives, :func:`recomputed_tensor_parts`).
+    Each is :func:`fsdp_unit_parts`' forward all-gather once more."""
+    again = [mod for mod in modules
+             if mod.name.startswith("blocks.") and not mod.name.endswith(".mlp.fc2")]  # fmt: skip
+    parts = fsdp_unit_parts(again, group=group, micro_batches=micro_batches,
+                            bytes_per_element=bytes_per_element)  # fmt: skip
+    return tuple(replace(p, what=p.what.replace("forward", "recomputed forward"))
+                 for p in parts if p.what.startswith("parameter all-gather, forward"))  # fmt: skip
+
+
 def data_parts(modules, layout: Layout, *, bytes_per_element: int = 4) -> tuple[tuple, tuple]:
     """``(dp-cp parts, expert_dp parts)``: the data-parallel reductions of ``modules``
     (module docstring, last item)."""
@@ -417,13 +478,45 @@ def data_parts(modules, layout: Layout, *, bytes_per_element: int = 4) -> tuple[
         return dense_parts, expert if expert_group > 1 else ()
     m, v = layout.micro_batches, layout.virtual_stages
     if zero == 3:
-        return fsdp_unit_parts(modules, group=group, micro_batches=m, bytes_per_element=bpe), ()
+        parts = fsdp_unit_parts(modules, group=group, micro_batches=m, bytes_per_element=bpe)
+        if layout.recompute == "full":
+            parts += fsdp_regathered_parts(modules, group=group, micro_batches=m,
+                                           bytes_per_element=bpe)  # fmt: skip
+        return parts, ()
     parts = zero_flat_group_parts(dense, group=group, zero_stage=zero, backward_passes=m * v,
                                   bytes_per_element=bpe)  # fmt: skip
     return parts, ()
 
 
 # -- composed -----------------------------------------------------------------------
+
+
+def message_widths(kind: str, parts: tuple, *, precision: str, fsdp: bool,
+                   bytes_per_element: int = 4) -> tuple:  # fmt: skip
+    """``parts`` (counted with ``bytes_per_element`` per element, fp32's) of the group kind
+    ``kind`` (``"tp"``, ``"cp"``, ``"ep"``, ``"pp"``, ``"embedding"``, ``"data"``), with
+    each 16-bit message's payload scaled to ``precision``'s width (module docstring):
+    :data:`AUTOCAST_16_BIT` lists the 16-bit ones, or with ``fsdp``
+    :data:`FSDP_FP32` the fp32 ones. The pipeline's shape headers are int64 either way."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp32":
+        return parts
+    scale = dtype_bytes(precision) / bytes_per_element
+
+    def is_16_bit(what: str) -> bool:
+        what = what.removesuffix(" (recomputed)")
+        if what.startswith("shape header"):
+            return False
+        if fsdp:
+            fp32 = FSDP_FP32.get(kind, {})
+            return not ("*" in fp32 or what in fp32 or what.split(",")[0] in fp32)
+        sixteen = AUTOCAST_16_BIT.get(kind, {})
+        return "*" in sixteen or what in sixteen
+
+    return tuple(
+        replace(p, payload_bytes=p.payload_bytes * scale) if is_16_bit(p.what) else p for p in parts
+    )
 
 
 def layout_comm(
@@ -436,6 +529,7 @@ def layout_comm(
     bytes_per_element: int = 4,
     headers: bool = True,
     context: str = "ring",
+    precision: str = "fp32",
 ) -> dict[str, CommVolume]:
     """Bytes ``rank`` of ``layout`` sends in one step of :func:`distlab.parallel.compose.train`,
     by the trace's group name (module docstring); groups it sends nothing in are left out.
@@ -443,7 +537,9 @@ def layout_comm(
     ``spec``: the model (:func:`distlab.calc.three_d.gpt_spec`); ``micro_batch``: sequences
     per micro-batch (default ``layout.micro_batch``; compose's is b / (dp m)); ``moe``:
     the MoE layers, if any; ``headers``: count the pipeline's shape headers; ``context``:
-    how the cp ranks attend (``compose.train``'s ``context``: ring, all_gather, ulysses)."""
+    how the cp ranks attend (``compose.train``'s ``context``: ring, all_gather, ulysses);
+    ``precision``: what the step computes in (``compose.train``'s, :data:`PRECISIONS`): with
+    "bf16" or "fp16" the 16-bit messages weigh 2 bytes an element (:func:`message_widths`)."""
     b = positive_int("micro_batch", layout.micro_batch if micro_batch is None else micro_batch)
     stage = layout.coordinates(rank)["pp"]
     bpe = positive_int("bytes_per_element", bytes_per_element)
@@ -453,18 +549,22 @@ def layout_comm(
     dense_data, expert_data = data_parts(modules, layout, bytes_per_element=bpe)
     kw = {"micro_batch": b, "bytes_per_element": bpe}
     pieces = [
-        (trace_name(layout, "tp", rank), tensor_parts(spec, layout, stage, moe=moe, **kw)),
-        (trace_name(layout, "cp", rank), context_parts(spec, layout, stage, context=context, **kw)),
+        ("tp", tensor_parts(spec, layout, stage, moe=moe, **kw)),
+        ("cp", context_parts(spec, layout, stage, context=context, **kw)),
         ("ep", expert_parts(spec, layout, stage, moe=moe, **kw)),
         ("pp", pipeline_parts(spec, layout, stage, headers=headers, **kw)),
         ("embedding", tied_parts(spec, layout, stage, bytes_per_element=bpe)),
-        (trace_name(layout, "dp-cp", rank), dense_data),
-        (trace_name(layout, "expert_dp", rank), expert_data),
+        ("dp-cp", dense_data),
+        ("expert_dp", expert_data),
     ]
     by_group: dict[str, tuple] = {}
-    for name, parts in pieces:
+    for group, parts in pieces:
+        kind = "data" if group in ("dp-cp", "expert_dp") else group
+        parts = message_widths(kind, tuple(parts), precision=precision, fsdp=layout.fsdp,
+                               bytes_per_element=bpe)  # fmt: skip
+        name = group if group in ("ep", "pp", "embedding") else trace_name(layout, group, rank)
         if parts:
-            by_group[name] = by_group.get(name, ()) + tuple(parts)
+            by_group[name] = by_group.get(name, ()) + parts
     return {name: CommVolume(name, parts) for name, parts in by_group.items()}
 
 
