@@ -169,6 +169,40 @@ def test_precision_and_loss_scaler_are_checked_by_name():
     with pytest.raises(ValueError, match="loss_scaler is for precision='fp16'"):
         train(model, Layout(), tokens, targets, steps=1, lr=0.1, precision="bf16",
               loss_scaler=DynamicLossScaler())  # fmt: skip
-    with pytest.raises(ValueError, match="fp16' with checkpoints is not supported"):
-        train(model, Layout(), tokens, targets, steps=1, lr=0.1, precision="fp16",
-              resume_from="somewhere")  # fmt: skip
+
+
+def _fp16_with_checkpoint(rank, world_size, layout, config, steps, options):
+    torch.set_num_threads(1)
+    from distlab.parallel.compose import train
+    from distlab.parallel.mixed_precision import DynamicLossScaler
+
+    tokens, targets = gpt_batch(BATCH, config, seed=1)
+    scaler = DynamicLossScaler(FP16_INIT_SCALE, growth_interval=2)  # grows between saves
+    run = train(make_model(config, None), layout, tokens, targets, steps=steps, lr=LR,
+                optimizer=OPTIMIZER, precision="fp16", loss_scaler=scaler, **options)  # fmt: skip
+    return run.losses, run.skipped_steps, run.shards, scaler.state_dict()
+
+
+@pytest.mark.slow
+def test_fp16_resumes_with_the_saved_loss_scale_bit_for_bit(tmp_path):
+    """ZeRO-2 (TP2 x DP2) in fp16 saved after step 4, with the scale backed off from 2^20
+    and one good step counted towards the next growth (every 2), then resumed for 4 more
+    steps: the same losses, skipped steps, parameters and scaler state as the
+    uninterrupted run. Without the scaler's state the resumed run would start at 2^20
+    again and skip its first steps."""
+    layout, config, _ = FP16_CASES["tp2_dp2_zero2"]
+    save_after, path = 4, str(tmp_path / "fp16")
+    args = (layout, config, 2 * save_after)
+    whole = distlab.run(_fp16_with_checkpoint, layout.world_size,
+                        args=(*args, {"save_to": path, "save_after": save_after}), timeout=300)  # fmt: skip
+    args = (layout, config, save_after, {"resume_from": path})
+    resumed = distlab.run(_fp16_with_checkpoint, layout.world_size, args=args, timeout=300)
+    assert whole[0][1][:1] == [1], "the first step must overflow at 2^20"
+    for (losses, skipped, shards, scaler), (w_losses, w_skipped, w_shards, w_scaler) in zip(
+        resumed, whole, strict=True
+    ):
+        assert losses == w_losses[save_after:]
+        assert skipped == [s for s in w_skipped if s > save_after]
+        assert scaler == w_scaler
+        for name, value in shards.items():
+            assert torch.equal(value, w_shards[name]), name

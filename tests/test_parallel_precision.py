@@ -265,3 +265,21 @@ def test_a_model_with_sharded_gradients_decides_the_overflow_for_every_rank():
         assert all(torch.isfinite(p.grad).all() for p in model.parameters())
         assert opt.step() is not others_overflowed
         assert scaler.skipped_steps == int(others_overflowed)
+
+
+def test_a_loss_scalers_state_round_trips_and_a_missing_key_is_named():
+    from distlab.parallel.mixed_precision import DynamicLossScaler
+
+    scaler = DynamicLossScaler(2.0**10, growth_interval=3)
+    for found_inf in (True, False, False):
+        scaler.update(found_inf)
+    other = DynamicLossScaler()
+    other.load_state_dict(scaler.state_dict())
+    assert other.state_dict() == scaler.state_dict() == {
+        "scale": 2.0**9, "good_steps": 2, "skipped_steps": 1, "growth_factor": 2.0,
+        "backoff_factor": 0.5, "growth_interval": 3,
+    }  # fmt: skip
+    other.update(False)  # the third good step in a row: grows, as the original would
+    assert other.scale == 2.0**10
+    with pytest.raises(ValueError, match=r"needs \['good_steps'\]"):
+        other.load_state_dict({k: v for k, v in scaler.state_dict().items() if k != "good_steps"})

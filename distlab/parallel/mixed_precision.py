@@ -121,6 +121,24 @@ class DynamicLossScaler:
         self.good_steps = 0
         self.skipped_steps = 0
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps so a resumed run scales as the uninterrupted one would:
+        the scale, the good steps counted towards the next growth, the steps skipped, and
+        the settings."""
+        return {"scale": self.scale, "good_steps": self.good_steps,
+                "skipped_steps": self.skipped_steps, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take over a :meth:`state_dict` (``ValueError`` naming a missing key)."""
+        missing = sorted(set(self.state_dict()) - set(state))
+        if missing:
+            raise ValueError(f"a loss scaler's state needs {missing}")
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.growth_factor, self.backoff_factor = state["growth_factor"], state["backoff_factor"]
+        self.growth_interval = int(state["growth_interval"])
+
     def update(self, found_inf: bool) -> None:
         """After a step: back off on overflow, grow after a run of good steps."""
         if found_inf:

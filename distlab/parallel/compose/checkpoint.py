@@ -270,12 +270,14 @@ def _write(path: Path, value) -> None:
 
 
 def save_checkpoint(
-    path: str | os.PathLike, parallel: ParallelModel, optimizer, dense: GPT, *, step: int
-) -> None:
+    path: str | os.PathLike, parallel: ParallelModel, optimizer, dense: GPT, *, step: int,
+    loss_scaler=None,
+) -> None:  # fmt: skip
     """Write the training state of ``parallel`` and its ``optimizer`` (as built by
     :func:`~distlab.parallel.compose.make_optimizer`) after ``step`` steps to checkpoint
     folder ``path``, keyed by the names of ``dense`` (the plain model ``parallelize`` was
-    given; only its names, shapes and config are read). Collective: call on every rank.
+    given; only its names, shapes and config are read), and fp16's ``loss_scaler`` state
+    (its scale and good-step count, alike on every rank). Collective: call on every rank.
     The previous checkpoint at ``path`` stays whole until the new one is committed."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     path = Path(path)
@@ -315,6 +317,7 @@ def save_checkpoint(
             "optimizer": _optimizer_kind(optimizer),
             "model": _model_record(dense),
             "pieces": index,
+            "loss_scaler": None if loss_scaler is None else loss_scaler.state_dict(),
         }
         (data / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     dist.barrier()  # every file is written
@@ -438,10 +441,14 @@ def _install_flat(parallel: ParallelModel, optimizer, weights: dict, states: dic
         optimizer.after_load()  # the model's parameters follow the loaded shards
 
 
-def load_checkpoint(path: str | os.PathLike, parallel: ParallelModel, optimizer, dense: GPT) -> int:
+def load_checkpoint(
+    path: str | os.PathLike, parallel: ParallelModel, optimizer, dense: GPT, loss_scaler=None
+) -> int:
     """Load checkpoint folder ``path`` (written by :func:`save_checkpoint` from any layout)
     into ``parallel`` and its ``optimizer``; return the step it was saved after.
     ``dense``: the plain model ``parallelize`` was given. Collective: call on every rank.
+    ``loss_scaler`` (fp16) takes over the saved scaler's state; one saved without a scaler
+    (bf16 or fp32) leaves it at its initial scale.
 
     Every file is verified first; a missing, damaged or foreign checkpoint (or one whose
     data folder is gone) raises :class:`CheckpointError`, another model or optimizer
@@ -477,4 +484,6 @@ def load_checkpoint(path: str | os.PathLike, parallel: ParallelModel, optimizer,
                     optimizer.state[p] = {k: _clone(v) for k, v in states[id(p)].items()}
     if manifest["layout"] == asdict(parallel.layout):  # the same rank in the same role
         torch.set_rng_state(pieces.rng(dist.get_rank()))
+    if loss_scaler is not None and manifest.get("loss_scaler") is not None:
+        loss_scaler.load_state_dict(manifest["loss_scaler"])
     return manifest["step"]

@@ -42,7 +42,9 @@ checks its own gradients (ZeRO-2 and FSDP: its shards) for inf/NaN and one
 all-reduce over the whole job (a 4-byte flag, not in the per-group trace) tells
 every rank whether any overflowed, so every rank of every stage skips the same
 steps (``ComposedRun.skipped_steps``) and halves the scale alike; otherwise the
-gradients are divided by the scale and the step goes on.
+gradients are divided by the scale and the step goes on. A checkpoint keeps the
+scaler's state (scale and good steps), so a resumed fp16 run scales, and skips, as the
+uninterrupted one.
 
 **Agreement.** Before it builds a process group, :func:`train` checks that every rank
 got the same model and arguments: the layout field by field, steps, lr, the optimizer
@@ -299,9 +301,6 @@ def train(
         raise ValueError(f"loss_scaler is for precision='fp16', got precision={precision!r}")
     if dtype is torch.float16:
         loss_scaler = DynamicLossScaler() if loss_scaler is None else loss_scaler
-        if save_to is not None or resume_from is not None:
-            raise ValueError("precision='fp16' with checkpoints is not supported: the loss "
-                             "scale is not saved (use 'bf16', which needs no scale)")  # fmt: skip
     check_batch(tokens, targets, model.config)
     check_model(model, layout, split=split, context=context)
     check_divisible(
@@ -340,7 +339,10 @@ def train(
     if loss_scaler is not None:  # fp16: backward starts from the scaled losses
         _scale_losses(parallel.stage, loss_scaler)
     step_with, state_holder = make_optimizer(parallel, optimizer, lr)
-    done = 0 if resume_from is None else load_checkpoint(resume_from, parallel, step_with, model)
+    done = (
+        0 if resume_from is None
+        else load_checkpoint(resume_from, parallel, step_with, model, loss_scaler)
+    )  # fmt: skip
     check_save_after(save_to, save_after, done, steps)
     my_tokens, my_targets = (my_batch(t, layout, where, split) for t in (tokens, targets))
     data_parallel = Collectives(algorithm, group=mesh["dp-cp"])
@@ -383,7 +385,8 @@ def train(
         step_seconds.append(time.perf_counter() - start)
         peak = max(peak, run.peak_activation_bytes)
         if step == save_after:
-            save_checkpoint(save_to, parallel, step_with, model, step=step)
+            save_checkpoint(save_to, parallel, step_with, model, step=step,
+                            loss_scaler=loss_scaler)  # fmt: skip
     shards = final_parameters(parallel)
     states, _ = optimizer_state_tensors(state_holder)
     return ComposedRun(
