@@ -6,7 +6,8 @@ the calculator's peak for that rank *exactly*: tensor parallelism with each reco
 mode and with dropout, sequence parallelism in an interleaved pipeline and under full
 recomputation, 1F1B on 4 stages, ZB-V (split backward, chunks in a V), DualPipe (two
 copies), context parallelism by K/V all-gather and by Ulysses (in a pipeline), and ring
-attention under full recomputation. Without torch: the in-flight walk against the schedules' closed forms, and the
+attention under full recomputation, FSDP in a pipeline and FSDP with full recomputation
+(the gathered weights a layer keeps are model state, not activations). Without torch: the in-flight walk against the schedules' closed forms, and the
 layouts the count leaves out are refused by name.
 """
 
@@ -24,6 +25,7 @@ from distlab.models import GPT, GPTConfig, gpt_batch
 
 CONFIG = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=4)
 DROPOUT = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=4, dropout=0.1)
+UNTIED = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=4, tie_embeddings=False)
 BATCH = 8
 
 LAYOUTS = {
@@ -45,6 +47,12 @@ LAYOUTS = {
     "tp2_cp2_all_gather": (Layout(tp=2, cp=2), CONFIG, "all_gather"),
     "tp2_cp2_pp2_ulysses": (Layout(tp=2, cp=2, pp=2, micro_batches=2), CONFIG, "ulysses"),
     "tp2_cp2_ring_full": (Layout(tp=2, cp=2, recompute="full"), CONFIG),
+    "tp2_pp2_dp2_fsdp": (Layout(tp=2, pp=2, dp=2, zero_stage=3, micro_batches=2), UNTIED),
+    "cp2_dp2_fsdp_full_all_gather": (
+        Layout(cp=2, dp=2, zero_stage=3, recompute="full"),
+        CONFIG,
+        "all_gather",
+    ),
 }
 
 
@@ -106,7 +114,6 @@ def test_what_is_not_modelled_is_refused_by_name():
     for layout, words in [
         (Layout(tp=2, cp=2), "cp=2 with ring attention"),
         (Layout(tp=2, cp=2, recompute="selective"), "cp=2 with selective recomputation"),
-        (Layout(pp=2, dp=2, zero_stage=3), "FSDP: the gathered weights"),
     ]:
         with pytest.raises(ValueError, match=words):
             layout_activations(spec, layout, 0, micro_batch=1)

@@ -41,10 +41,11 @@ s tokens (e bytes per activation: 4 in fp32), per model chunk the rank runs:
 Not counted, and refused by name: ring attention (it keeps every K/V block passed to it
 and, per pair of zigzag chunks it visits, the probabilities, the mask and the softmax's
 running statistics), selective recomputation with cp (the checkpoint keeps the core's
-inputs instead), MoE layers (their dispatch and combine buffers), FSDP (the executor
-sees the gathered weights a layer keeps for backward, whose storage FSDP frees after the
-forward) and 16-bit runs (autocast keeps 16-bit copies of the weights, shared by the
-micro-batches). Each would be a term of its own.
+inputs instead), MoE layers (their dispatch and combine buffers) and 16-bit runs
+(autocast keeps 16-bit copies of the weights, shared by the micro-batches). Each would
+be a term of its own. FSDP changes nothing here: the gathered weights a layer keeps for
+backward are model state, not activations (FSDP frees their storage after the forward
+and gathers them again for the backward), and the executor counts them as such.
 """
 
 from __future__ import annotations
@@ -197,10 +198,8 @@ def _check_covered(layout: Layout, bytes_per_element: int, context: str) -> None
         reasons.append(f"cp={layout.cp} with selective recomputation: the checkpointed core")
     if layout.ep > 1:
         reasons.append(f"ep={layout.ep}: the MoE layers' dispatch and combine buffers")
-    if layout.zero_stage == 3:
-        reasons.append("FSDP: the gathered weights the layers keep for backward")
     if bytes_per_element != FP32:
         reasons.append(f"{bytes_per_element}-byte activations: autocast's 16-bit weight copies")
     if reasons:
         raise ValueError("run activations are counted for dense fp32 runs without ring "
-                         "attention or FSDP; not modelled: " + "; ".join(reasons))  # fmt: skip
+                         "attention; not modelled: " + "; ".join(reasons))  # fmt: skip

@@ -228,6 +228,18 @@ _WHAT = {
 }
 
 
+def _weight_storages(module: torch.nn.Module) -> set[int]:
+    """The storages ``module``'s parameters live in at this moment, module by module (an
+    FSDP wrapper's ``parameters()`` are its shards; the wrapped modules' own parameters
+    are views into the unit's gathered buffer while it is gathered)."""
+    pointers = {
+        p.untyped_storage().data_ptr()
+        for mod in module.modules()
+        for p in mod.parameters(recurse=False)
+    }
+    return pointers - {0}
+
+
 class _Runner:
     """One rank's state during a step: stashed activations, received tensors, open sends."""
 
@@ -328,12 +340,20 @@ class _Runner:
         else:
             x = self.received.pop(("act", c, i)).requires_grad_(True)
         saved: dict[int, int] = {}
+        chunk = self.stage.chunks[c]
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             ptr = t.untyped_storage().data_ptr()
-            # a weight is model state, also FSDP's gathered one (its storage is freed after
-            # the forward and gathered again for the backward)
-            if ptr not in self.model_state and not isinstance(t, torch.nn.Parameter):
+            # a weight is model state, and so is a view of one (linear saves weight.t()):
+            # the stage's own parameters, and the weights a chunk uses now, which under
+            # FSDP are views into a gathered buffer (freed after the forward, gathered
+            # again for the backward), looked up when a tensor is not one of the former
+            weight = (
+                ptr in self.model_state
+                or isinstance(t, torch.nn.Parameter)
+                or ptr in _weight_storages(chunk)
+            )
+            if not weight:
                 saved[ptr] = t.untyped_storage().nbytes()
             return t
 
