@@ -6,7 +6,8 @@ the calculator's peak for that rank *exactly*: tensor parallelism with each reco
 mode and with dropout, sequence parallelism in an interleaved pipeline and under full
 recomputation, 1F1B on 4 stages, ZB-V (split backward, chunks in a V), DualPipe (two
 copies), context parallelism by K/V all-gather and by Ulysses (in a pipeline), and ring
-attention under full recomputation, FSDP in a pipeline and FSDP with full recomputation
+attention (zig-zag in a pipeline with SP, contiguous, one sequence per micro-batch) and
+under full recomputation, FSDP in a pipeline and FSDP with full recomputation
 (the gathered weights a layer keeps are model state, not activations). Without torch: the in-flight walk against the schedules' closed forms, and the
 layouts the count leaves out are refused by name.
 """
@@ -47,6 +48,13 @@ LAYOUTS = {
     "tp2_cp2_all_gather": (Layout(tp=2, cp=2), CONFIG, "all_gather"),
     "tp2_cp2_pp2_ulysses": (Layout(tp=2, cp=2, pp=2, micro_batches=2), CONFIG, "ulysses"),
     "tp2_cp2_ring_full": (Layout(tp=2, cp=2, recompute="full"), CONFIG),
+    "tp2_cp2_ring": (Layout(tp=2, cp=2), CONFIG),
+    "tp2sp_cp2_pp2_ring": (
+        Layout(tp=2, cp=2, pp=2, sequence_parallel=True, micro_batches=2),
+        CONFIG,
+    ),
+    "cp4_ring_contiguous": (Layout(cp=4), CONFIG, "ring", "contiguous"),
+    "cp2_dp2_ring_one_sequence": (Layout(cp=2, dp=2, micro_batches=4), CONFIG),
     "tp2_pp2_dp2_fsdp": (Layout(tp=2, pp=2, dp=2, zero_stage=3, micro_batches=2), UNTIED),
     "cp2_dp2_fsdp_full_all_gather": (
         Layout(cp=2, dp=2, zero_stage=3, recompute="full"),
@@ -62,24 +70,26 @@ def spec_of(config: GPTConfig):
                     tie_embeddings=config.tie_embeddings)  # fmt: skip
 
 
-def _train(rank, world_size, layout, config, context):
+def _train(rank, world_size, layout, config, context, split="zigzag"):
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
-    run = train(GPT(config, seed=0), layout, tokens, targets, steps=1, lr=0.1, context=context)
+    run = train(GPT(config, seed=0), layout, tokens, targets, steps=1, lr=0.1, context=context,
+                split=split)  # fmt: skip
     return run.rank, run.peak_activation_bytes
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_rank_keeps_exactly_what_the_calculator_counts(name):
-    layout, config, context = (*LAYOUTS[name], "ring")[:3]
+    layout, config, *how = LAYOUTS[name]
+    context, split = (*how, "zigzag")[:2] if how else ("ring", "zigzag")
     micro_batch = BATCH // (layout.dp * layout.micro_batches)
-    for rank, measured in distlab.run(_train, layout.world_size, args=(layout, config, context),
-                                      timeout=300):  # fmt: skip
+    args = (layout, config, context, split)
+    for rank, measured in distlab.run(_train, layout.world_size, args=args, timeout=300):
         want, _ = layout_activations(spec_of(config), layout, rank, micro_batch=micro_batch,
-                                     dropout=config.dropout, context=context)  # fmt: skip
+                                     dropout=config.dropout, context=context, split=split)  # fmt: skip
         assert measured == want, (name, rank, measured, want)
 
 
@@ -112,10 +122,20 @@ def test_the_in_flight_walk_gives_1f1b_and_gpipe_s_counts(p, m):
 def test_what_is_not_modelled_is_refused_by_name():
     spec = spec_of(CONFIG)
     for layout, words in [
-        (Layout(tp=2, cp=2), "cp=2 with ring attention"),
         (Layout(tp=2, cp=2, recompute="selective"), "cp=2 with selective recomputation"),
     ]:
         with pytest.raises(ValueError, match=words):
             layout_activations(spec, layout, 0, micro_batch=1)
     with pytest.raises(ValueError, match="2-byte activations: autocast"):
         layout_activations(spec, Layout(tp=2), 0, micro_batch=1, bytes_per_element=2)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_the_ring_visits_2cp_plus_1_pairs_zigzag_and_r_plus_1_contiguous(cp):
+    """ring_attention skips a key chunk wholly after the query chunk: zig-zag balances the
+    2 cp + 1 pairs over every rank and step, the contiguous split gives rank r r + 1."""
+    from distlab.calc.run_activations import ring_pairs
+
+    for r in range(cp):
+        assert ring_pairs(cp, r, "zigzag") == (2 * cp + 1, cp, 2)
+        assert ring_pairs(cp, r, "contiguous") == (r + 1, r + 1, 1)

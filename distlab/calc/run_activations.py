@@ -32,16 +32,23 @@ s tokens (e bytes per activation: 4 in fp32), per model chunk the rank runs:
   probabilities of its queries over the whole sequence (e b (a/t) (s/cp) s) and the
   boolean causal mask ((s/cp) s bytes); DeepSpeed-Ulysses keeps Q, K and V re-split by
   heads (the same bytes as the local ones), the probabilities of a/(t cp) heads over the
-  whole sequence (e b (a/(t cp)) s^2) and the mask (s^2 bytes);
+  whole sequence (e b (a/(t cp)) s^2) and the mask (s^2 bytes); ring
+  attention (:func:`~distlab.parallel.context.ring_attention`, :func:`ring_core_bytes`)
+  keeps every K/V block it attended with (one per ring step: ``2 e b (s/cp) h/t`` each),
+  and per (query chunk, key chunk) pair it visits, c tokens each, the probabilities
+  (e b (a/t) c^2), the causal mask (c^2 bytes) and a copy of the query chunk for the
+  matmul (e b c h/t; :func:`ring_query_bytes`), plus per pair
+  after a chunk's first the softmax's decay factor (e b (a/t) c) and per query chunk its
+  output and running sum (e b c h/t, e b (a/t) c); which pairs it visits depends on the
+  split (:mod:`distlab.core.sequence_split`) and, for the contiguous one, on the rank
+  (:func:`ring_pairs`);
 * **in flight**: the executor adds a chunk's bytes at each forward and frees them at its
   backward (B, or W when the backward is split), so the rank's peak is the largest sum
   over its schedule's actions in order (:func:`in_flight_peak`): 1F1B holds up to
   p - r micro-batches on rank r, GPipe all m.
 
-Not counted, and refused by name: ring attention (it keeps every K/V block passed to it
-and, per pair of zigzag chunks it visits, the probabilities, the mask and the softmax's
-running statistics), selective recomputation with cp (the checkpoint keeps the core's
-inputs instead), MoE layers (their dispatch and combine buffers) and 16-bit runs
+Not counted, and refused by name: selective recomputation with cp (the checkpoint keeps
+the core's inputs instead), MoE layers (their dispatch and combine buffers) and 16-bit runs
 (autocast keeps 16-bit copies of the weights, shared by the micro-batches). Each would
 be a term of its own. FSDP changes nothing here: the gathered weights a layer keeps for
 backward are model state, not activations (FSDP frees their storage after the forward
@@ -54,6 +61,7 @@ from dataclasses import dataclass
 
 from distlab.core.layout import Layout
 from distlab.core.pipeline_schedule import build
+from distlab.core.sequence_split import chunk_count, chunks_of
 
 from .memory import activation_bytes_per_layer
 from .transformer import ModelSpec
@@ -84,17 +92,20 @@ def chunk_activations(
     dropout: float = 0.0,
     bytes_per_element: int = FP32,
     context: str = "ring",
+    cp_rank: int = 0,
+    split: str = "zigzag",
 ) -> list[ChunkActivations]:
     """Per model chunk of pipeline rank ``stage``, the bytes one micro-batch keeps (module
-    docstring), for a dense GPT ``spec`` trained under ``layout`` (``context``: how the cp
-    ranks attend, as ``train``'s)."""
+    docstring), for a dense GPT ``spec`` trained under ``layout`` (``context`` and
+    ``split``: how the cp ranks attend and cut the sequence, as ``train``'s; ``cp_rank``:
+    the rank's place in its cp group, which the ring's contiguous split depends on)."""
     _check_covered(layout, bytes_per_element, context)
     schedule = _schedule(layout)
     parts = schedule.stages * schedule.chunks // (2 if schedule.bidirectional else 1)
     per_part = spec.layers // parts
     b, s, h, e = micro_batch, spec.seq_len // layout.cp, spec.hidden, bytes_per_element
     t = layout.tp
-    split = t if layout.sequence_parallel else 1  # what the sequence is cut into between layers
+    pieces = t if layout.sequence_parallel else 1  # what the sequence is cut into between layers
     full = layout.recompute == "full"
     out = []
     for chunk in range(schedule.chunks):
@@ -110,14 +121,14 @@ def chunk_activations(
             dropout=dropout > 0,
             bytes_per_element=e,
         )
-        norms = 0.0 if full else per_part * 2 * LAYER_NORM_STATS * b * s / split
+        norms = 0.0 if full else per_part * 2 * LAYER_NORM_STATS * b * s / pieces
         terms = {
             "layers (Korthikanti et al. 2022, Table 2)": per_part * layer,
             "layer-norm statistics": norms,
         }
         if layout.cp > 1 and not full:
             core = context_core_difference(spec, layout, micro_batch=b, bytes_per_element=e,
-                                           context=context)  # fmt: skip
+                                           context=context, cp_rank=cp_rank, split=split)  # fmt: skip
             terms[f"context-parallel attention ({context}) beyond the dense core"] = per_part * core
         if part == 0:
             terms["embedding (ids, positions, vocabulary mask)"] = (
@@ -126,7 +137,7 @@ def chunk_activations(
         if part == parts - 1:
             terms["final norm and head input"] = (
                 2 * e * b * s * h + LAYER_NORM_STATS * b * s
-            ) / split
+            ) / pieces
             vocab_rows = -(-spec.vocab // t)
             terms["logits and loss (fp32)"] = FP32 * b * s * vocab_rows + (FP32 + INT64 + 1) * b * s
         out.append(ChunkActivations(chunk, terms))
@@ -134,8 +145,9 @@ def chunk_activations(
 
 
 def context_core_difference(
-    spec: ModelSpec, layout: Layout, *, micro_batch: int, bytes_per_element: int, context: str
-) -> float:
+    spec: ModelSpec, layout: Layout, *, micro_batch: int, bytes_per_element: int, context: str,
+    cp_rank: int = 0, split: str = "zigzag",
+) -> float:  # fmt: skip
     """Per layer: what the cp ranks' attention core keeps beyond the dense core on s/cp
     tokens that the layers term counts (module docstring)."""
     b, e, t, cp = micro_batch, bytes_per_element, layout.tp, layout.cp
@@ -146,7 +158,64 @@ def context_core_difference(
         return 2 * e * b * s * h / t + e * b * (a / t) * s_c * s + s_c * s - dense_core
     if context == "ulysses":
         return e * b * (a / (t * cp)) * s * s + s * s - e * b * (a / t) * s_c * s_c
-    raise ValueError(f"context={context!r}: only 'all_gather' and 'ulysses' are counted")
+    if context == "ring":
+        dense_query = e * b * s_c * h / t  # the dense core's query, in the layers term
+        ring = ring_core_bytes(spec, layout, micro_batch=b, bytes_per_element=e,
+                               cp_rank=cp_rank, split=split)  # fmt: skip
+        return ring - dense_core - dense_query
+    raise ValueError(f"context={context!r}: only 'ring', 'all_gather' and 'ulysses' are counted")
+
+
+def ring_pairs(cp: int, cp_rank: int, split: str) -> tuple[int, int, int]:
+    """(pairs, steps, query chunks) of :func:`~distlab.parallel.context.ring_attention` on cp
+    rank ``cp_rank``: the (query chunk, key chunk) pairs it computes over the ring's cp
+    steps (a key chunk wholly after the query chunk is skipped: causal), the steps with
+    at least one, and the chunks it holds. Zig-zag: 2 cp + 1 pairs on every rank, in all
+    cp steps; contiguous: rank r computes r + 1."""
+    mine = chunks_of(cp_rank, cp, split)
+    pairs = steps = 0
+    for step in range(cp):
+        owner = (cp_rank - step) % cp
+        visited = sum(1 for i in mine for j in chunks_of(owner, cp, split) if j <= i)
+        pairs, steps = pairs + visited, steps + (visited > 0)
+    return pairs, steps, len(mine)
+
+
+def ring_core_bytes(
+    spec: ModelSpec, layout: Layout, *, micro_batch: int, bytes_per_element: int,
+    cp_rank: int, split: str,
+) -> float:  # fmt: skip
+    """Per layer: what ring attention keeps for backward on cp rank ``cp_rank`` (module
+    docstring), but the local query, which the dense core keeps too."""
+    b, e, t = micro_batch, bytes_per_element, layout.tp
+    s_c, h, heads = spec.seq_len // layout.cp, spec.hidden, spec.heads / layout.tp
+    c = spec.seq_len // chunk_count(layout.cp, split)  # tokens of a chunk
+    pairs, steps, chunks = ring_pairs(layout.cp, cp_rank, split)
+    kv_blocks = steps * 2 * e * b * s_c * h / t
+    per_pair = e * b * heads * c * c + c * c  # probabilities, causal mask
+    decays = (pairs - chunks) * e * b * heads * c
+    per_chunk = e * b * c * h / t + e * b * heads * c  # output and running sum
+    return (
+        kv_blocks
+        + pairs * per_pair
+        + decays
+        + chunks * per_chunk
+        + ring_query_bytes(spec, layout, micro_batch=b, bytes_per_element=e, pairs=pairs, chunk=c)
+    )
+
+
+def ring_query_bytes(
+    spec: ModelSpec, layout: Layout, *, micro_batch: int, bytes_per_element: int, pairs: int,
+    chunk: int,
+) -> float:  # fmt: skip
+    """The queries ring attention keeps: its matmul flattens (batch, heads) of each query
+    chunk, a slice of the heads-first view of the linear's output, and with b > 1 that
+    needs a copy per pair (e b c h/t each); with b = 1 the slices stay views of the one
+    output (e (s/cp) h/t), as the dense core's query does."""
+    b, e, h = micro_batch, bytes_per_element, spec.hidden / layout.tp
+    if b == 1:
+        return e * (spec.seq_len // layout.cp) * h
+    return pairs * e * b * chunk * h
 
 
 def in_flight_peak(layout: Layout, stage: int, chunk_bytes: list[float]) -> float:
@@ -173,13 +242,15 @@ def layout_activations(
     dropout: float = 0.0,
     bytes_per_element: int = FP32,
     context: str = "ring",
+    split: str = "zigzag",
 ) -> tuple[float, list[ChunkActivations]]:
     """(peak bytes kept for backward, per-chunk terms) for ``rank`` of ``layout``: what
-    ``ComposedRun.peak_activation_bytes`` measures."""
-    stage = layout.coordinates(rank)["pp"]
+    ``ComposedRun.peak_activation_bytes`` measures (``context``, ``split``: ``train``'s)."""
+    where = layout.coordinates(rank)
+    stage = where["pp"]
     chunks = chunk_activations(
         spec, layout, stage, micro_batch=micro_batch, dropout=dropout,
-        bytes_per_element=bytes_per_element, context=context,
+        bytes_per_element=bytes_per_element, context=context, cp_rank=where["cp"], split=split,
     )  # fmt: skip
     return in_flight_peak(layout, stage, [c.total for c in chunks]), chunks
 
@@ -192,8 +263,6 @@ def _schedule(layout: Layout):
 def _check_covered(layout: Layout, bytes_per_element: int, context: str) -> None:
     """``ValueError`` naming what this count leaves out (module docstring)."""
     reasons = []
-    if layout.cp > 1 and context == "ring" and layout.recompute != "full":
-        reasons.append(f"cp={layout.cp} with ring attention: its K/V blocks and per-pair state")
     if layout.cp > 1 and layout.recompute == "selective":
         reasons.append(f"cp={layout.cp} with selective recomputation: the checkpointed core")
     if layout.ep > 1:
@@ -201,5 +270,5 @@ def _check_covered(layout: Layout, bytes_per_element: int, context: str) -> None
     if bytes_per_element != FP32:
         reasons.append(f"{bytes_per_element}-byte activations: autocast's 16-bit weight copies")
     if reasons:
-        raise ValueError("run activations are counted for dense fp32 runs without ring "
-                         "attention; not modelled: " + "; ".join(reasons))  # fmt: skip
+        raise ValueError("run activations are counted for dense fp32 runs; not modelled: "
+                         + "; ".join(reasons))  # fmt: skip

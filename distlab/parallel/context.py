@@ -43,23 +43,10 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.collectives.buffers import global_rank
+from distlab.core.sequence_split import chunk_count, chunks_of
 from distlab.models import GPTBlock, dropout
 from distlab.parallel.comm import Collectives
 from distlab.parallel.comm_trace import record_p2p
-
-SPLITS = ("contiguous", "zigzag")
-
-
-def chunks_of(rank: int, cp: int, split: str) -> list[int]:
-    """Which of the sequence's chunks rank ``rank`` holds, in order: ``[rank]`` of
-    N chunks (contiguous), or ``[rank, 2N-1-rank]`` of 2N chunks (zig-zag)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return [rank] if split == "contiguous" else [rank, 2 * cp - 1 - rank]
-
-
-def chunk_count(cp: int, split: str) -> int:
-    return cp if split == "contiguous" else 2 * cp
 
 
 def local_positions(seq_len: int, cp: int, rank: int, split: str) -> torch.Tensor:
@@ -218,7 +205,8 @@ def ring_attention(
                 scores = (q_i @ k_j.transpose(-2, -1)) * scale
                 scores = scores.masked_fill(kpos[None, :] > qpos[:, None], -math.inf)
                 ring.work += scores.numel()
-                m_new = torch.maximum(st[0], scores.amax(-1, keepdim=True).detach())
+                with torch.no_grad():  # m only keeps exp in range: no gradient, nothing kept
+                    m_new = torch.maximum(st[0], scores.amax(-1, keepdim=True))
                 decay, p = torch.exp(st[0] - m_new), torch.exp(scores - m_new)
                 st[1] = st[1] * decay + p.sum(-1, keepdim=True)
                 st[2] = p @ v_j if st[2] is None else st[2] * decay + p @ v_j

@@ -58,8 +58,9 @@ from torch import nn
 
 from distlab.core.layout import Layout
 from distlab.core.pipeline_schedule import BIDIRECTIONAL, chunks_of
+from distlab.core.sequence_split import chunk_count
 from distlab.models import GPT, GPTBlock
-from distlab.parallel.context import ContextGroup, Ring, chunk_count
+from distlab.parallel.context import ContextGroup, Ring
 from distlab.parallel.context_gather import KVGather
 from distlab.parallel.fsdp import FSDP
 from distlab.parallel.mesh import ParallelMesh, build_mesh
