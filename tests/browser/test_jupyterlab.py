@@ -154,3 +154,73 @@ def test_flashcard_drill(lab: LabPage, lab_root: Path, flashcards_db: Path):
     with Store(flashcards_db) as store:
         assert store.reviews() == []
     lab.close_and_shutdown()
+
+
+CHECK_NOTEBOOK, CHECK_TEST = "03-algorithms-and-cost", "test-bandwidths"
+
+
+def _check_notebook(folder: Path) -> Path:
+    """A learner's copy of notebook 03 cut to one exercise (its imports, its solution cell,
+    solved, its test cell) with a ``distlab.check()`` cell below the test, saved as
+    JupyterLab saves it: the check finds the notebook by this file and the exercise by the
+    calling cell's id in it."""
+    from distlab.grading.cells import grade_id_of
+    from distlab.grading.slicing import needed_cells
+
+    name = CHECK_NOTEBOOK
+    released = nbformat.read(COURSE / name / f"{name}.ipynb", as_version=4)
+    solved = nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
+    answers = {grade_id_of(c): c.source for c in solved.cells if grade_id_of(c)}
+    code = [c for c in released.cells if c.cell_type == "code"]
+    test = next(i for i, c in enumerate(code) if grade_id_of(c) == CHECK_TEST)
+    cells = [code[i] for i in needed_cells([c.source for c in code], [test])]
+    for cell in cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = answers[grade_id_of(cell)]
+    check = nbformat.v4.new_code_cell("import distlab\ndistlab.check()")
+    released.cells = [*cells, check]
+    path = folder / f"{name}.ipynb"
+    nbformat.write(released, path)
+    return path
+
+
+def test_distlab_check_in_jupyterlab_scores_the_exercise_above_it(lab: LabPage, lab_root: Path):
+    """``distlab.check()`` with no argument, run from JupyterLab: the kernel's file comes
+    from the session JupyterLab starts, the exercise from the cell id JupyterLab sends
+    with the request. The solved exercise earns its points; after the solution cell is
+    edited to a plausible wrong answer (algbw reported as busbw) and run again, the
+    same check cell gives 0 and says why."""
+    folder = lab_root / "check-work"
+    folder.mkdir()
+    _check_notebook(folder)
+    lab.open(f"check-work/{CHECK_NOTEBOOK}.ipynb")
+    lab.run_all()
+    check = lab.report()[-1]
+    assert not check.errors, check
+    assert f"{CHECK_NOTEBOOK}, exercise 3 (" in check.text and "2 / 2 points" in check.text, check
+    lab.screenshot("check-solved", lab.cell(check.index))
+
+    solution = next(c for c in lab.report() if "def bandwidths" in c.source)
+    wrong = solution.source.replace("2 * (n - 1) / n", "1", 1)
+    assert wrong != solution.source, "the mutant must change the solution"
+    lab.page.evaluate(
+        "([i, text]) => window.jupyterapp.shell.currentWidget.content.widgets[i]"
+        ".model.sharedModel.setSource(text)",
+        [solution.index, wrong],
+    )
+    for index in (solution.index, check.index):
+        lab.page.evaluate(
+            "([id, i]) => { window.jupyterapp.shell.activateById(id);"
+            " window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }",
+            [lab.panel_id, index],
+        )
+        lab.page.evaluate(
+            "async () => await window.jupyterapp.commands.execute('notebook:run-cell')"
+        )
+        lab.page.evaluate("async (t) => { const nb = window.jupyterapp.shell.currentWidget"
+                          ".content; await window.galata.waitForCellRun(nb.widgets[nb.activeCellIndex], t); }",
+                          120_000)  # fmt: skip
+    rechecked = lab.report()[-1]
+    assert "0 / 2 points" in rechecked.text, rechecked
+    lab.screenshot("check-wrong-answer", lab.cell(check.index))
+    lab.close_and_shutdown()
