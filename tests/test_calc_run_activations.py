@@ -7,7 +7,7 @@ mode and with dropout, sequence parallelism in an interleaved pipeline and under
 recomputation, 1F1B on 4 stages, ZB-V (split backward, chunks in a V), DualPipe (two
 copies), context parallelism by K/V all-gather and by Ulysses (in a pipeline), and ring
 attention (zig-zag in a pipeline with SP, contiguous, one sequence per micro-batch) and
-under full recomputation, FSDP in a pipeline and FSDP with full recomputation
+under full and selective recomputation (Ulysses too), FSDP in a pipeline and FSDP with full recomputation
 (the gathered weights a layer keeps are model state, not activations). Without torch: the in-flight walk against the schedules' closed forms, and the
 layouts the count leaves out are refused by name.
 """
@@ -55,6 +55,8 @@ LAYOUTS = {
     ),
     "cp4_ring_contiguous": (Layout(cp=4), CONFIG, "ring", "contiguous"),
     "cp2_dp2_ring_one_sequence": (Layout(cp=2, dp=2, micro_batches=4), CONFIG),
+    "tp2_cp2_ring_selective": (Layout(tp=2, cp=2, recompute="selective"), CONFIG),
+    "tp2_cp2_ulysses_selective": (Layout(tp=2, cp=2, recompute="selective"), CONFIG, "ulysses"),
     "tp2_pp2_dp2_fsdp": (Layout(tp=2, pp=2, dp=2, zero_stage=3, micro_batches=2), UNTIED),
     "cp2_dp2_fsdp_full_all_gather": (
         Layout(cp=2, dp=2, zero_stage=3, recompute="full"),
@@ -122,7 +124,7 @@ def test_the_in_flight_walk_gives_1f1b_and_gpipe_s_counts(p, m):
 def test_what_is_not_modelled_is_refused_by_name():
     spec = spec_of(CONFIG)
     for layout, words in [
-        (Layout(tp=2, cp=2, recompute="selective"), "cp=2 with selective recomputation"),
+        (Layout(tp=2, dp=2, ep=2), "ep=2: the MoE layers' dispatch and combine buffers"),
     ]:
         with pytest.raises(ValueError, match=words):
             layout_activations(spec, layout, 0, micro_batch=1)

@@ -47,10 +47,12 @@ s tokens (e bytes per activation: 4 in fp32), per model chunk the rank runs:
   over its schedule's actions in order (:func:`in_flight_peak`): 1F1B holds up to
   p - r micro-batches on rank r, GPipe all m.
 
-Not counted, and refused by name: selective recomputation with cp (the checkpoint keeps
-the core's inputs instead), MoE layers (their dispatch and combine buffers) and 16-bit runs
-(autocast keeps 16-bit copies of the weights, shared by the micro-batches). Each would
-be a term of its own. FSDP changes nothing here: the gathered weights a layer keeps for
+With ``recompute="selective"`` the context-parallel core is checkpointed as the dense one
+is: both keep only the core's inputs (Q, K, V), so there is no context-parallel term.
+
+Not counted, and refused by name: MoE layers (their dispatch and combine buffers) and
+16-bit runs (autocast keeps 16-bit copies of the weights, shared by the micro-batches,
+and computes layer norms and softmax in fp32). Each would be a term of its own. FSDP changes nothing here: the gathered weights a layer keeps for
 backward are model state, not activations (FSDP frees their storage after the forward
 and gathers them again for the backward), and the executor counts them as such.
 """
@@ -126,7 +128,7 @@ def chunk_activations(
             "layers (Korthikanti et al. 2022, Table 2)": per_part * layer,
             "layer-norm statistics": norms,
         }
-        if layout.cp > 1 and not full:
+        if layout.cp > 1 and layout.recompute == "none":
             core = context_core_difference(spec, layout, micro_batch=b, bytes_per_element=e,
                                            context=context, cp_rank=cp_rank, split=split)  # fmt: skip
             terms[f"context-parallel attention ({context}) beyond the dense core"] = per_part * core
@@ -263,8 +265,6 @@ def _schedule(layout: Layout):
 def _check_covered(layout: Layout, bytes_per_element: int, context: str) -> None:
     """``ValueError`` naming what this count leaves out (module docstring)."""
     reasons = []
-    if layout.cp > 1 and layout.recompute == "selective":
-        reasons.append(f"cp={layout.cp} with selective recomputation: the checkpointed core")
     if layout.ep > 1:
         reasons.append(f"ep={layout.ep}: the MoE layers' dispatch and combine buffers")
     if bytes_per_element != FP32:
