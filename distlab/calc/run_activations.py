@@ -50,7 +50,9 @@ s tokens (e bytes per activation: 4 in fp32), per model chunk the rank runs:
 With ``recompute="selective"`` the context-parallel core is checkpointed as the dense one
 is: both keep only the core's inputs (Q, K, V), so there is no context-parallel term.
 
-Not counted, and refused by name: MoE layers (their dispatch and combine buffers) and
+Not counted, and refused by name: MoE layers (their dispatch and combine buffers, and the
+indices of the tokens each expert keeps, which combine saves: how many the router keeps
+is known only when it has routed) and
 16-bit runs (autocast keeps 16-bit copies of the weights, shared by the micro-batches,
 and computes layer norms and softmax in fp32). Each would be a term of its own. FSDP changes nothing here: the gathered weights a layer keeps for
 backward are model state, not activations (FSDP frees their storage after the forward
@@ -266,7 +268,8 @@ def _check_covered(layout: Layout, bytes_per_element: int, context: str) -> None
     """``ValueError`` naming what this count leaves out (module docstring)."""
     reasons = []
     if layout.ep > 1:
-        reasons.append(f"ep={layout.ep}: the MoE layers' dispatch and combine buffers")
+        reasons.append(f"ep={layout.ep}: the MoE layers' dispatch and combine buffers, and the "
+                       "indices of the kept tokens, whose count the routing decides")  # fmt: skip
     if bytes_per_element != FP32:
         reasons.append(f"{bytes_per_element}-byte activations: autocast's 16-bit weight copies")
     if reasons:
