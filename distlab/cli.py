@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from distlab import grading, site
-from distlab.commands import bench, calc, placement, progress, sim
+from distlab.commands import bench, calc, course, placement, progress, sim
 
 # each registers these subcommands
 COMMAND_MODULES = [
@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     calc,  # distlab memory, distlab bubble, distlab plan
     grading,  # distlab grade
     progress,  # distlab progress
+    course,  # distlab course start, distlab course upgrade
     site,  # distlab site build
 ]
 

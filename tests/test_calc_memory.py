@@ -280,7 +280,8 @@ def test_the_logits_are_counted_on_the_last_stage():
     """peak_bytes(vocab=V): the loss keeps b s ceil(V/tp) fp32 logits per micro-batch in
     flight on the last stage (one after 1F1B's warm-up); with pp = 1 they add to the
     activations, with pp > 1 the peak is the larger stage's."""
-    shape = dict(n_params=8e9, layers=32, hidden=4096, heads=32, seq_len=8192, micro_batch=1)
+    shape = {"n_params": 8e9, "layers": 32, "hidden": 4096, "heads": 32, "seq_len": 8192,
+             "micro_batch": 1}  # fmt: skip
     one = peak_bytes(**shape, vocab=128_256)
     assert one.logits == 4 * 8192 * 128_256  # 4.2 GB: Llama 3's vocabulary, one sequence
     assert one.total == peak_bytes(**shape).total + one.logits

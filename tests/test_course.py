@@ -91,9 +91,11 @@ def _solution(cell) -> bool:
 
 
 def _cells(path: Path) -> list[tuple]:
-    """What a released notebook consists of, without volatile fields (outputs, counts)."""
+    """What a released notebook consists of, without volatile fields (outputs, counts): its
+    cells, and the release it records (``metadata.distlab``, see distlab.grading.release)."""
     nb = nbformat.read(path, as_version=4)
-    return [(c.cell_type, c.get("id"), c.source, dict(c.metadata)) for c in nb.cells]
+    cells = [(c.cell_type, c.get("id"), c.source, dict(c.metadata)) for c in nb.cells]
+    return [*cells, ("release", None, None, nb.metadata.get("distlab"))]
 
 
 def _graded(nb) -> list:

@@ -214,6 +214,21 @@ def test_a_name_bound_inside_a_nested_function_is_not_read_from_the_notebook():
     assert names.uses == {"A", "B", "C"}
 
 
+def test_a_stubs_annotations_and_an_except_name_are_read_as_python_reads_them():
+    """A stub ``def f(model: nn.Module)`` needs ``nn`` where it is defined, though its body only
+    raises; ``except E as error`` binds ``error`` in the cell, which reads no notebook ``error``.
+    (A test cell that imports what it uses no longer pulls the import cell in for the stub.)"""
+    cells = [
+        "import torch\nfrom torch import nn",  # 0: the import cell
+        "error = 'a demo variable'",  # 1
+        "def f(model: nn.Module) -> torch.Tensor:\n    raise NotImplementedError()",  # 2: a stub
+        "from torch import nn\ntry:\n    f(nn.Linear(1, 1))\n"  # 3: the test
+        + "except NotImplementedError as error:\n    raise AssertionError(error)",
+    ]
+    assert needed_cells(cells, [3]) == [0, 2, 3]
+    assert cell_names("x: Size = 1").uses == {"Size"}
+
+
 def test_exercise_choice_names_the_choices():
     source = nbformat.read(
         ROOT / "solutions" / "03-algorithms-and-cost" / "03-algorithms-and-cost.ipynb",

@@ -85,6 +85,13 @@ def assignment_names(root: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in source.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
 
 
+def assignments_named(name: str, root: str | os.PathLike) -> list[str]:
+    """The assignments called ``name`` or numbered ``name`` (``02`` -> ``02-collectives``;
+    ``02-collectives/`` and ``02-collectives.ipynb`` too)."""
+    name = name.rstrip("/").removesuffix(".ipynb")
+    return [a for a in assignment_names(root) if a == name or a.split("-", 1)[0] == name]
+
+
 def source_notebooks(root: str | os.PathLike, assignment: str) -> list[Path]:
     """Every source notebook of ``assignment`` (``solutions/<assignment>/*.ipynb``), sorted."""
     return sorted((Path(root) / SOURCE_DIR / assignment).glob("*.ipynb"))

@@ -8,7 +8,14 @@ where the course's notebooks live):
 * :mod:`~distlab.grading.cells`: nbgrader's cell metadata, and why a test cell failed;
 * :mod:`~distlab.grading.slicing`: the cells a test cell needs (names defined and used);
 * :mod:`~distlab.grading.report`: :class:`NotebookGrade` and its report;
+* :mod:`~distlab.grading.release`: which release of the course a notebook came from
+  (recorded in its metadata when ``course/`` is generated), and what changed in its
+  exercises since;
 * :mod:`~distlab.grading.resolve`: which file ``distlab grade NAME`` grades;
+* :mod:`~distlab.grading.upgrade`: a learner's work carried into the current release
+  (``distlab course upgrade``; ``distlab grade`` grades an older copy that way);
+* :mod:`~distlab.grading.workfolder`: a learner's work folder of released notebooks
+  (``distlab course start``);
 * :mod:`~distlab.grading.whole`: the whole notebook, by nbgrader in a throw-away course
   directory;
 * :mod:`~distlab.grading.exercise`: one exercise, running only the cells it needs;

@@ -23,6 +23,8 @@ KERNEL_DIED = (
 MESSAGE_LINES = 30  # lines of a failing check's message shown in the report
 TIMED_OUT = "timed out after {timeout} s (an endless loop, or a wait that never ends?)"
 DEFAULT_TIMEOUT = 120  # seconds a cell may run when the course config does not say
+#: how nbgrader marks the hidden part of a test cell in the source notebooks
+HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 
 
 def course_timeout(root=None) -> int:
@@ -43,6 +45,19 @@ def is_graded(cell) -> bool:
     """A code cell that nbgrader scores (a test cell)."""
     meta = cell.get("metadata", {}).get("nbgrader", {})
     return bool(meta.get("grade")) and cell.get("cell_type") == "code"
+
+
+def is_solution(cell) -> bool:
+    """A cell the learner writes in (nbgrader's solution cell)."""
+    return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
+
+
+def is_restored(cell) -> bool:
+    """A code cell that ``nbgrader autograde`` takes from the course, whatever the learner's
+    copy holds: a test cell (hidden tests included), or a read-only cell (``locked``)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    locked = bool(meta.get("locked")) and not meta.get("solution")
+    return cell.get("cell_type") == "code" and (is_graded(cell) or locked)
 
 
 def graded_cells(nb) -> list:

@@ -5,8 +5,10 @@ exercise K alone, the grader keeps the cells its test cells need
 (:func:`distlab.grading.slicing.needed_cells`) and runs just those.
 
 The cells come from the learner's notebook (their solutions, their own extra
-cells); each graded test cell is taken from the source notebook, hidden tests
-included, exactly as ``nbgrader autograde`` restores them. The cut-down notebook runs in
+cells); each graded test cell and each read-only cell is taken from the source notebook,
+hidden tests included, exactly as ``nbgrader autograde`` restores them. A copy from an older
+release is first carried into the current one (:func:`distlab.grading.upgrade.to_grade`), as
+the whole-notebook grade does. The cut-down notebook runs in
 a contained subprocess (:data:`CHILD`) with the same Execute step as the whole-notebook
 grade, in a kernel started before nbgrader loads (:mod:`distlab.grading.kernel`), and there
 each test cell scores its points by nbgrader's own rule (``determine_grade``: no error,
@@ -30,12 +32,14 @@ from distlab.grading.cells import (
     failure,
     grade_id_of,
     graded_cells,
+    is_restored,
     raised_in,
 )
 from distlab.grading.report import ExerciseScore, NotebookGrade, modified_time
 from distlab.grading.resolve import resolve_notebook
 from distlab.grading.run import nbgrader_env, owned_folder, run_contained
 from distlab.grading.slicing import needed_cells
+from distlab.grading.upgrade import release_notes, to_grade
 
 #: The child that runs the cut-down notebook, ``python -m CHILD IN OUT --scores FILE
 #: [--timeout S]``: it starts the notebook's kernel and its early imports first, then loads
@@ -72,10 +76,11 @@ def _loose(text: str) -> str:
 
 def exercise_notebook(learner, source, test_ids: list[str]):
     """The notebook to run for ``test_ids``: the learner's cells, with each graded test cell
-    as in the source (hidden tests included), cut to what those tests need."""
+    and read-only cell as in the source (hidden tests included), cut to what those tests
+    need."""
     import nbformat
 
-    originals = {grade_id_of(c): c for c in graded_cells(source)}
+    originals = {grade_id_of(c): c for c in source.cells if is_restored(c) and grade_id_of(c)}
     cells = []
     for cell in learner.cells:
         if cell.cell_type != "code":
@@ -107,11 +112,12 @@ def grade_exercise(
     import nbformat
 
     found = resolve_notebook(notebook_path, root)
+    modified = modified_time(found.path)
     learner = nbformat.read(found.path, as_version=4)
     source_path = source_notebook(find_course_root(root), found.assignment, found.notebook)
     source = nbformat.read(source_path, as_version=4)
     test_ids = choose_tests(source, exercise)
-    modified = modified_time(found.path)
+    learner, release = to_grade(learner, found.assignment, found.notebook, root)
     run = exercise_notebook(learner, source, test_ids)
     executed, points = ({}, {}) if run is None else _execute(run, found.path.parent, timeout)
     exercises = [
@@ -119,7 +125,7 @@ def grade_exercise(
     ]
     return NotebookGrade(
         found.assignment, found.notebook, exercises, path=str(found.path), modified=modified,
-        note=found.note,
+        note=found.note, release=release_notes(release, found.path, test_ids),
     )  # fmt: skip
 
 

@@ -48,6 +48,7 @@ class NotebookGrade:
     note: str | None = None  # how the file was found, when not in the current folder
     problems: list[str] = field(default_factory=list)  # e.g. the kernel died in a non-test cell
     kept: str | None = None  # where ``--keep`` wrote the learner's graded copy
+    release: list[str] = field(default_factory=list)  # a copy from an older release: what changed
 
     @property
     def points(self) -> float:
@@ -89,6 +90,9 @@ def format_report(grade: NotebookGrade) -> str:
             f"({', '.join(grade.edited_test_cells)}); they were graded with the original tests."
         )
     lines += [f"note: {problem}" for problem in grade.problems]
+    if grade.release:
+        lines.append(f"note: {grade.release[0]}")
+        lines += [f"      {line}" for line in grade.release[1:]]
     width = max((len(e.title) for e in grade.exercises), default=0)
     for e in grade.exercises:
         lines += _exercise_lines(e, width, e.grade_id in grade.edited_test_cells)
@@ -129,5 +133,6 @@ def as_json(grade: NotebookGrade) -> dict:
         "edited_test_cells": grade.edited_test_cells,
         "problems": grade.problems,
         "kept": grade.kept,
+        "release": grade.release,
         "exercises": [e.__dict__ for e in grade.exercises],
     }

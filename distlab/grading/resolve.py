@@ -27,6 +27,7 @@ from pathlib import Path
 
 from distlab.core.course import (
     assignment_names,
+    assignments_named,
     find_course_root,
     released_notebook,
     source_notebooks,
@@ -118,11 +119,6 @@ def _one(found: list[Path], given: str, where: Path, root: Path, note: str | Non
     return Resolved(path, assignment, notebook, note)
 
 
-def _assignments_named(name: str, root: Path) -> list[str]:
-    """Assignments called ``name`` or numbered ``name`` (``02`` -> ``02-collectives``)."""
-    return [a for a in assignment_names(root) if a == name or a.split("-", 1)[0] == name]
-
-
 def resolve_notebook(
     notebook: str | os.PathLike, root: str | os.PathLike | None = None, cwd: Path | None = None
 ) -> Resolved:
@@ -137,7 +133,7 @@ def resolve_notebook(
         found = _course_notebooks_in(path, source_root, None)
         if found:
             return _one(found, str(notebook), path, source_root)
-    named = _assignments_named(given.name.removesuffix(".ipynb"), source_root)
+    named = assignments_named(given.name, source_root)
     if named and len(given.parts) == 1:
         found = _course_notebooks_in(here, source_root, named)
         for assignment in named:

@@ -51,6 +51,7 @@ class CellNames:
     defines: frozenset[str]
     uses: frozenset[str]
     setup: bool  # defines nothing, and calls something that configures the process
+    imports: frozenset[str] = frozenset()  # the names of ``defines`` that an import binds
 
 
 def _python(source: str) -> ast.Module | None:
@@ -96,11 +97,18 @@ def _top_level(body: list[ast.stmt]):
                 yield from _top_level(handler.body)
 
 
+def _imported_by(node: ast.stmt) -> set[str]:
+    """The names an import statement binds (``import a.b`` binds ``a``)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+    return set()
+
+
 def _defined_by(node: ast.stmt) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+        return _imported_by(node)
     if isinstance(node, ast.Assign):
         return set().union(*(_bound(t) for t in node.targets))
     if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
@@ -130,11 +138,13 @@ def _calls(tree: ast.AST) -> set[str]:
 
 
 def cell_names(source: str) -> CellNames:
-    """What a code cell defines and uses; a cell that does not parse uses and defines nothing."""
+    """What a code cell defines and uses (and which of its names an import binds); a cell that
+    does not parse uses and defines nothing."""
     tree = _python(source)
     if tree is None:
         return CellNames(frozenset(), frozenset(), False)
     defines = set().union(set(), *(_defined_by(n) for n in _top_level(tree.body)))
+    imports = set().union(set(), *(_imported_by(n) for n in _top_level(tree.body)))
     for node in ast.walk(tree):  # walrus at the top level, and `global x` inside functions
         if isinstance(node, ast.NamedExpr):
             defines |= _bound(node.target)
@@ -144,7 +154,7 @@ def cell_names(source: str) -> CellNames:
     setup = not defines and bool(_calls(tree) & SETUP_CALLS)
     if any(isinstance(n, ast.Assign) and _is_environ(n) for n in ast.walk(tree)):
         setup = True
-    return CellNames(frozenset(defines), frozenset(uses), setup)
+    return CellNames(frozenset(defines), frozenset(uses), setup, frozenset(imports))
 
 
 class _FreeNames(ast.NodeVisitor):
@@ -171,6 +181,7 @@ class _FreeNames(ast.NodeVisitor):
             self.visit(target)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.visit(node.annotation)  # evaluated at the top level, like the value
         if node.value is not None:
             self.visit(node.value)
         self.visit(node.target)
@@ -210,7 +221,7 @@ class _FreeNames(ast.NodeVisitor):
             self.visit(condition)
 
     def _function(self, node) -> None:
-        for default in node.args.defaults + node.args.kw_defaults:
+        for default in node.args.defaults + node.args.kw_defaults + _annotations(node):
             if default is not None:
                 self.visit(default)
         for decorator in getattr(node, "decorator_list", []):
@@ -221,6 +232,14 @@ class _FreeNames(ast.NodeVisitor):
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
 
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.type is not None:
+            self.visit(node.type)
+        if node.name:  # `except E as error:` binds error for the handler's body
+            self.bound.add(node.name)
+        for statement in node.body:
+            self.visit(statement)
+
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for base in node.bases + node.decorator_list:
             self.visit(base)
@@ -230,6 +249,17 @@ class _FreeNames(ast.NodeVisitor):
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _annotations(node) -> list[ast.expr]:
+    """A function's parameter and return annotations: evaluated where the ``def`` runs (a
+    stub ``def f(model: nn.Module)`` needs ``nn`` defined, though its body reads nothing)."""
+    if isinstance(node, ast.Lambda):
+        return []
+    found = [a.annotation for a in ast.walk(node.args) if isinstance(a, ast.arg) and a.annotation]
+    return found + ([node.returns] if node.returns is not None else [])
+
+
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
@@ -259,8 +289,9 @@ def _scope_reads(nodes: list[ast.AST], params: set[str], class_body: bool = Fals
         node = stack.pop()
         if isinstance(node, (*_FUNCTIONS, ast.ClassDef, *_COMPREHENSIONS)):
             nested |= enclosing_reads(node)
-            if isinstance(node, _FUNCTIONS):  # defaults and decorators run out here
+            if isinstance(node, _FUNCTIONS):  # defaults, annotations, decorators run out here
                 stack += [d for d in node.args.defaults + node.args.kw_defaults if d]
+                stack += _annotations(node)
             if isinstance(node, ast.ClassDef):
                 stack += node.bases + [k.value for k in node.keywords]
             if isinstance(node, _COMPREHENSIONS):

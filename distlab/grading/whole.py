@@ -38,6 +38,7 @@ from distlab.core.course import (
     source_notebook,
 )
 from distlab.grading.cells import (
+    HIDDEN_MARK,
     KERNEL_DIED,
     MISSING_CELL,
     failure,
@@ -49,6 +50,7 @@ from distlab.grading.cells import (
 from distlab.grading.report import ExerciseScore, NotebookGrade, modified_time
 from distlab.grading.resolve import resolve_notebook
 from distlab.grading.run import RESULTS, THEN, owned_folder, run_nbgrader
+from distlab.grading.upgrade import release_notes, to_grade
 from distlab.progress import progress_bar
 
 DEFAULT_STUDENT = "learner"
@@ -196,10 +198,6 @@ def edited_test_cells(notebook_path: str | os.PathLike) -> list[str]:
     return [grade_id_of(c) or "?" for c in nb.cells if c.source.strip() in changed]
 
 
-#: how nbgrader marks the hidden part of a test cell in the source notebooks
-HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
-
-
 def learner_copy(autograded: Path, released: Path, out: Path) -> Path:
     """Write to ``out`` the notebook nbgrader ran, as the learner may see it: every cell's
     outputs, but each test cell's source as released (the hidden tests' code left out) and
@@ -246,7 +244,12 @@ def grade_notebook(
 
     ``timeout``: seconds a cell may run before it is stopped and reported as timed out
     (default: the course config's ``Execute.timeout``).
+
+    A copy from an older release is graded as :func:`distlab.grading.upgrade.to_grade` says:
+    the learner's work in the current release's notebook, and the report says what changed.
     """
+    import nbformat
+
     found = resolve_notebook(notebook_path, root)
     notebook = found.notebook
     with (
@@ -257,6 +260,10 @@ def grade_notebook(
         learner.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(found.path, learner)  # what is graded cannot change while it runs
         modified = modified_time(learner)
+        mine = nbformat.read(learner, as_version=4)
+        graded, release = to_grade(mine, found.assignment, notebook, root)
+        if graded is not mine:  # from an older release: the learner's work in the current one
+            nbformat.write(graded, learner)
         course_dir = Path(tmp) / "course"
         course_dir.mkdir(parents=True, exist_ok=True)
         bar.step("building a course directory")
@@ -285,4 +292,5 @@ def grade_notebook(
     grade.path = str(found.path)
     grade.modified = modified
     grade.note = found.note
+    grade.release = release_notes(release, found.path)
     return grade
