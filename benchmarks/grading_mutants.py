@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from distlab.core.course import find_course_root
-from distlab.grading.mutants import check_notebook
+from distlab.grading.mutants import CORRECT, check_notebook
 
 ROOT = find_course_root()
 MUTANTS = ROOT / "tests" / "mutants"
@@ -36,6 +36,11 @@ def main(selected: list[str]) -> int:
         mutants = caught = 0
         for solution_id, verdicts in results.items():
             solution, stub, *others, again = verdicts
+            correct = [v for v in others if v.variant.startswith(CORRECT)]
+            others = [v for v in others if not v.variant.startswith(CORRECT)]
+            bad += [
+                f"{path.name} {solution_id}: loses points: {v.variant}" for v in correct if v.caught
+            ]
             if solution.caught or again.caught:
                 bad.append(f"{path.name} {solution_id}: the solution fails: {solution.messages}")
             if not stub.caught:

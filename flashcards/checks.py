@@ -53,7 +53,7 @@ class CheckResult:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and _close(self.actual, self.check)
+        return self.error is None and agrees(self.actual, self.check)
 
     def message(self) -> str:
         head = f"{self.card.source} card {self.card.slug!r}: {self.check.expr}"
@@ -98,7 +98,8 @@ def run_checks(deck: Deck | list[Card]) -> list[CheckResult]:
     return [run_check(card, check, names) for card in deck for check in card.checks]
 
 
-def _close(actual: float | None, check: Check) -> bool:
+def agrees(actual: float | None, check: Check) -> bool:
+    """Whether ``actual`` is within ``check.rel_tol`` of the value ``check`` states."""
     if actual is None:
         return False
     return math.isclose(actual, check.value, rel_tol=check.rel_tol, abs_tol=1e-12)

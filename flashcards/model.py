@@ -433,7 +433,7 @@ def _parse_card(raw: Any, *, path: Path, index: int, topic: str) -> list[Card]:
         "index": index,
     }
     if kind == "basic":
-        checks = _parse_checks(raw.get("checks", []), fail=fail, q=texts["q"], a=texts["a"])
+        checks = parse_checks(raw.get("checks", []), fail=fail, q=texts["q"], a=texts["a"])
         return [
             Card(
                 slug=slug,
@@ -454,7 +454,7 @@ def _cloze_cards(raw: dict, slug: str, text: str, extra: str, fail, common: dict
     inside = cloze_inside_math(text)
     if inside is not None:
         raise fail("text", f"has the deletion {inside!r} inside a formula; wrap whole formulas")
-    checks = _parse_checks(raw.get("checks", []), fail=fail, q=text, a=extra or text)
+    checks = parse_checks(raw.get("checks", []), fail=fail, q=text, a=extra or text)
     cards = []
     for number in numbers:
         card_slug = f"{slug}-c{number}"
@@ -476,7 +476,11 @@ def _cloze_cards(raw: dict, slug: str, text: str, extra: str, fail, common: dict
     return cards
 
 
-def _parse_checks(raw: Any, *, fail, q: str, a: str) -> tuple[Check, ...]:
+def parse_checks(raw: Any, *, fail, q: str, a: str) -> tuple[Check, ...]:
+    """The :class:`Check` list ``raw`` as read from YAML or JSON, checked for shape: each
+    ``text`` must be in ``q`` or ``a``; ``fail(field, message)`` builds the error to raise.
+    A card's ``checks`` and a notebook cell's number ties
+    (:mod:`distlab.site.stated_numbers`) are read with it."""
     if raw is None:
         return ()
     if not isinstance(raw, list):

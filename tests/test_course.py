@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from distlab import grading
-from distlab.site import executed
+from distlab.site import executed, stated_numbers
 from flashcards.course_order import notebook_sections
 
 ROOT = grading.find_course_root()
@@ -288,3 +288,15 @@ def test_edited_test_cell_is_detected(course, tmp_path, assignment, name):
     tampered = tmp_path / "tampered.ipynb"
     nbformat.write(nb, tampered)
     assert grading.edited_test_cells(tampered) == [test_cell.metadata["nbgrader"]["grade_id"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment,name", NOTEBOOKS)
+def test_every_stated_number_is_checked(course, assignment, name):
+    """Every number the notebook's prose states is tied, printed by (or written in) a code
+    cell of its section, or cited with its section, read from the execution graded above
+    (``tests/test_stated_numbers.py`` checks the ties without outputs)."""
+    source = nbformat.read(ROOT / "solutions" / assignment / f"{name}.ipynb", as_version=4)
+    ran = course / "autograded" / "solution" / assignment / f"{name}.ipynb"
+    report = stated_numbers.check_notebook(source, name, nbformat.read(ran, as_version=4))
+    assert not report.count("unchecked") and not report.tie_problems, stated_numbers.table([report])

@@ -31,7 +31,7 @@ from distlab import grading
 from distlab.core.course import released_notebook, source_notebook
 from distlab.grading.cells import grade_id_of, is_graded
 from distlab.grading.exercise import choose_tests, grade_exercise
-from distlab.grading.mutants import check_notebook, load_module, mutant_source, plan
+from distlab.grading.mutants import CORRECT, check_notebook, load_module, mutant_source, plan
 from distlab.grading.slicing import cell_names, needed_cells
 
 ROOT = grading.find_course_root()
@@ -143,7 +143,14 @@ def test_plausible_wrong_answers_lose_points(mutants, mutation_run):
         if not stub.caught:
             problems.append(f"{solution_id}: the released stub earns full marks")
         problems += [
-            f"{solution_id}: earns full marks: {v.variant}" for v in others if not v.caught
+            f"{solution_id}: earns full marks: {v.variant}"
+            for v in others
+            if not v.caught and not v.variant.startswith(CORRECT)
+        ]
+        problems += [
+            f"{solution_id}: a correct answer loses points: {v.variant}: {v.messages}"
+            for v in others
+            if v.caught and v.variant.startswith(CORRECT)
         ]
     assert not problems, "\n".join(problems)
 

@@ -259,3 +259,76 @@ def test_custom_cluster_from_dict_and_yaml(tmp_path):
     path.write_text("preset: dgx-h100\nnodes: 3\n")
     assert resolve_cluster(path).world_size == 24
     assert place(Layout(tp=4, dp=2), spec).violations() == []
+
+
+# --------------------------------------------- busy clusters: the best known placement ---
+BUSY_FREE = [5, 6, 7, *range(8, 16), 16, 17, 18, 21, 22, *range(24, 32)]  # notebook 09, Ex. 2
+
+
+def _best_by_search(job, cluster, free):
+    """The cheapest placement over every arrangement of whole TP groups (blocks of ``tp`` free
+    GPUs of one node, as whole_tp_slots cuts them) on the job's groups, in both rank orders."""
+    import itertools
+
+    from distlab.placement import Placement
+    from distlab.placement.placer import HIERARCHICAL_ORDERS, whole_tp_slots, with_order
+
+    tp = job.layout.tp
+    slots = whole_tp_slots(cluster, np.sort(np.asarray(free)), tp)
+    blocks = [slots[i : i + tp] for i in range(0, len(slots), tp)]
+    best = np.inf
+    for arrangement in itertools.permutations(blocks, job.layout.world_size // tp):
+        gpus = np.concatenate(arrangement)
+        for order in HIERARCHICAL_ORDERS:
+            best = min(
+                best, Placement(with_order(job, order), cluster, "search", gpus).score().total
+            )
+    return best
+
+
+def test_busy_cluster_fills_the_two_free_nodes():
+    """Notebook 09's busy cluster: the two free nodes hold the job, only the pipeline crosses
+    (69.76 ms), not the first whole TP groups in topology order over three nodes (98.40 ms)."""
+    cluster, job = (
+        preset("dgx-h100", nodes=4),
+        Job("llm", Layout(tp=4, pp=2, dp=2, micro_batches=8)),
+    )
+    for choose_order in (True, False):
+        p = place(job, cluster, gpus=BUSY_FREE, choose_order=choose_order)
+        assert p.nodes_used() == [1, 3], p.gpu_of_rank
+        assert p.score().total * 1e3 == pytest.approx(69.7577, abs=1e-3)
+        assert not p.violations()
+    from distlab.placement import Placement
+    from distlab.placement.placer import whole_tp_slots
+
+    first = whole_tp_slots(cluster, np.array(BUSY_FREE), 4)[:16]  # nodes 1, 2 and 3
+    spread = Placement(job, cluster, "first whole TP groups", first).score().total * 1e3
+    assert spread == pytest.approx(98.397, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_busy_clusters_match_an_exhaustive_search():
+    """On small busy clusters (random free GPUs, jobs of 4-16 GPUs), place() scores the same
+    as the cheapest arrangement of whole TP groups found by trying them all."""
+    import math
+    import random
+
+    rng = random.Random(7)
+    layouts = [Layout(tp=2, pp=2, dp=2, micro_batches=8), Layout(tp=4, pp=2, dp=2, micro_batches=8),
+               Layout(tp=2, pp=2, dp=4, micro_batches=8), Layout(tp=4, dp=3, micro_batches=8),
+               Layout(tp=2, pp=4, micro_batches=8), Layout(tp=8, pp=2, micro_batches=8),
+               Layout(tp=1, pp=2, dp=2, micro_batches=8)]  # fmt: skip
+    cases = [("dgx-h100", 4, BUSY_FREE, layouts[1])]
+    while len(cases) < 14:
+        cluster = preset(rng.choice(["dgx-h100", "dgx-a100"]), nodes=rng.choice([2, 3, 4]))
+        layout = rng.choice(layouts)
+        free = [g for g in range(cluster.world_size) if rng.random() < 0.7]
+        groups = sum(n // layout.tp for n in np.bincount(np.array(free) // 8))
+        need = layout.world_size // layout.tp
+        if groups >= need and math.perm(groups, need) <= 120:
+            cases.append((cluster.name, cluster.nodes, free, layout))
+    for name, nodes, free, layout in cases:
+        cluster, job = preset(name, nodes=nodes), Job("j", layout)
+        got = place(job, cluster, gpus=free).score().total
+        best = _best_by_search(job, cluster, free)
+        assert got <= best * (1 + 1e-9), (name, nodes, layout.label(), free, got * 1e3, best * 1e3)

@@ -159,3 +159,20 @@ def test_a_wrong_plan_is_caught():
     )
     measured = measure_plans([unreduced, wrong_dim], SIZES, mesh)
     assert all(m.max_error > 0 and not m.matches for m in measured), measured
+
+
+def test_an_all_reduce_in_two_calls_is_a_plan():
+    """A reduce-scatter then an all-gather of C sends an all-reduce's bytes: plan_with takes it
+    (partial sums of both operands, or of one sliced), and it runs exact, each rank sending
+    what the formula says; the two calls in the other order are no plan."""
+    mesh, two = {"x": 4}, []
+    for a, b in (("A[I, J_x]", "B[J_x, K]"), ("A[I, J_x]", "B[J, K]")):
+        calls = [("reduce_scatter", "C"), ("all_gather", "C")]
+        two.append(plan_with(calls, a, b, SIZES, mesh, out="C[I, K]"))
+        one = plan_with([("all_reduce", "C")], a, b, SIZES, mesh, out="C[I, K]")
+        assert two[-1].communication == calls
+        assert two[-1].bytes_per_rank == one.bytes_per_rank
+        with pytest.raises(ValueError, match="no plan has the collectives"):
+            plan_with(calls[::-1], a, b, SIZES, mesh, out="C[I, K]")
+    for m in measure_plans(two, SIZES, mesh):
+        assert m.matches, (str(m.plan), m.max_error, m.bytes_sent, m.formula_bytes)

@@ -4,10 +4,10 @@ Pure Python and numpy (through :mod:`distlab.core.layout`), no torch. Bytes, sec
 FLOPs throughout; :mod:`~distlab.core.units` formats GB (1e9) and GiB (2^30).
 
 * :mod:`~distlab.calc.memory`: model-state bytes per GPU for ZeRO stages 0-3
-  (Rajbhandari et al. 2020), activation bytes per layer (Korthikanti et al.
-  2022), a planner-level peak estimate;
+  (Rajbhandari et al. 2020, Section 5), activation bytes per layer (Korthikanti et al.
+  2022, Section 4, Table 2), a planner-level peak estimate;
 * :mod:`~distlab.calc.pipeline`: bubble fractions and in-flight micro-batches
-  (Narayanan et al. 2021), and the GPipe/1F1B/interleaved schedules as data;
+  (Narayanan et al. 2021, Section 2.2), and the GPipe/1F1B/interleaved schedules as data;
 * :mod:`~distlab.calc.flops`: 6N, the Megatron-LM step formula, MFU, step time;
 * :mod:`~distlab.calc.comm`: bytes per GPU for DDP, ZeRO, FSDP, TP, PP and CP,
   from the parts of :mod:`~distlab.calc.volume` (bytes and messages of one

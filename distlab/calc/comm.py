@@ -269,8 +269,9 @@ def context_parallel_comm(
 
     * ``False`` (the default): a fused ring that keeps only its own K/V block for
       backward and holds two at a time, as the released code of Liu et al. 2023 ("Ring
-      Attention with Blockwise Transformers") does. Its backward passes K and V round
-      again, a third pass: ``3 (cp-1)`` messages per layer and micro-batch.
+      Attention with Blockwise Transformers", ``ringattention/ringattention_jax.py``)
+      does. Its backward passes K and V round again, a third pass: ``3 (cp-1)`` messages
+      per layer and micro-batch.
     * ``True``: a ring that keeps every block it receives for backward, as distlab's
       :mod:`distlab.parallel.context` does (plain autograd): no second pass of K/V,
       ``2 (cp-1)`` messages, the bytes of :func:`context_parallel_gather_comm`.

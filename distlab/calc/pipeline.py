@@ -1,6 +1,6 @@
 """Pipeline bubbles: the closed forms, and the schedules they come from.
 
-With p stages and m micro-batches, GPipe (Huang et al. 2019) and 1F1B
+With p stages and m micro-batches, GPipe (Huang et al. 2019, Figure 2c) and 1F1B
 (PipeDream-Flush; Narayanan et al. 2021, "Efficient Large-Scale Language
 Model Training on GPU Clusters Using Megatron-LM", Section 2.2.1) leave each
 stage idle for (p-1) forward+backward slots per step, while the ideal step
@@ -40,8 +40,8 @@ check each against the replay):
   (:func:`dualpipe_bubble_time`), is twice the replay's idle time; DeepSeek's
   code posts a chunk's sends with the next chunk's receives in one
   ``batch_isend_irecv`` and waits on it before computing.
-* DualPipe (DeepSeek-AI 2024): two copies of the model, micro-batches entering
-  from both ends; each rank runs a whole stage of each copy, so the staggered
+* DualPipe (DeepSeek-AI 2024, DeepSeek-V3 report Section 3.2.1): two copies of the model,
+  micro-batches entering from both ends; each rank runs a whole stage of each copy, so the staggered
   ends cost as for the V but over p - 2 ranks' worth: (p-2)/(6m + p - 2) of the
   step, with p + 1 micro-batches' activations on the first rank and twice the
   parameters.

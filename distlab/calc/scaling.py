@@ -1,8 +1,8 @@
 """Scaling laws of parallel computing and of large-batch training.
 
-* Amdahl (1967): a job with serial fraction f runs at most 1 / (f + (1-f)/n)
+* Amdahl (1967, AFIPS, pp. 483-485): a job with serial fraction f runs at most 1 / (f + (1-f)/n)
   times faster on n workers (fixed problem size: strong scaling).
-* Gustafson (1988): if the parallel part grows with n (weak scaling), the
+* Gustafson (1988, CACM 31(5), pp. 532-533): if the parallel part grows with n (weak scaling), the
   scaled speedup is f + (1-f) n.
 * Parallel efficiency: speedup / n.
 * Linear scaling rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD:
@@ -30,7 +30,7 @@ def amdahl_speedup(serial_fraction: float, n: int) -> float:
 
 
 def gustafson_speedup(serial_fraction: float, n: int) -> float:
-    """f + (1 - f) n: speedup when the parallel work grows with n (Gustafson 1988)."""
+    """f + (1 - f) n: speedup when the parallel work grows with n (Gustafson 1988, pp. 532-533)."""
     f = fraction("serial_fraction", serial_fraction)
     return f + (1.0 - f) * positive_int("n", n)
 
@@ -46,7 +46,7 @@ def parallel_efficiency(speedup: float, n: int) -> float:
 
 
 def linear_scaling_lr(base_lr: float, base_batch: int, batch: int) -> float:
-    """base_lr * batch / base_batch (Goyal et al. 2017: 0.1 for 256 images,
+    """base_lr * batch / base_batch (Goyal et al. 2017, Section 2.1: 0.1 for 256 images,
     so 3.2 for 8192)."""
     return (
         positive("base_lr", base_lr)

@@ -8,7 +8,7 @@ architecture described:
   biases everywhere, LayerNorm (weight and bias), MLP 4h with GeLU, output
   layer tied to the token embedding. One layer has 12h² + 13h parameters.
   Pythia (GPT-NeoX) has the same layers, rotary positions and an untied output.
-* LLaMA-2 (Touvron et al. 2023): rotary positions (no parameters), no
+* LLaMA-2 (Touvron et al. 2023, Section 2.2): rotary positions (no parameters), no
   biases, RMSNorm (weight only), SwiGLU MLP with three h x f matrices,
   untied output layer, grouped-query attention (70B: 8 key/value heads).
 

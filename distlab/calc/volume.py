@@ -2,7 +2,7 @@
 
 A step's traffic is a :class:`CommVolume`: a list of collectives, each a
 :class:`CommPart` (or an :class:`AllToAllPart`). Bytes are counted the way a
-ring algorithm moves them (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan
+ring algorithm moves them (Thakur, Rabenseifner & Gropp 2005, Section 4; Patarasuk & Yuan
 2009): with K ranks and a buffer of n bytes,
 
 * all-reduce: each GPU sends 2 (K-1)/K n bytes in 2 (K-1) messages;

@@ -14,7 +14,7 @@ into ``n`` chunks.
 Every rank sends ``2(n - 1)/n * N`` bytes for an ``N``-byte all-reduce, which
 is the lower bound for any all-reduce algorithm (Patarasuk & Yuan 2009), so
 the ring is *bandwidth optimal*; its ``2(n - 1)`` latency terms are its
-weakness for small messages. Cost (Thakur, Rabenseifner & Gropp 2005):
+weakness for small messages. Cost (Thakur, Rabenseifner & Gropp 2005, Section 4):
 ``2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma``.
 """
 

@@ -1,6 +1,6 @@
 """Tree algorithms: binomial-tree reduce and broadcast, and NCCL's double binary tree.
 
-**Binomial tree** (Thakur, Rabenseifner & Gropp 2005). Number ranks relative
+**Binomial tree** (Thakur, Rabenseifner & Gropp 2005, Section 4). Number ranks relative
 to the root, ``v = (r - root) mod n``. Reduce: in round ``k`` every rank
 whose ``v`` has bit ``k`` set as its lowest set bit sends its whole buffer
 to ``v - 2^k``, which adds it in; after ``ceil(log2 n)`` rounds the root

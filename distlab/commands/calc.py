@@ -249,7 +249,8 @@ def _memory_main(args) -> int:
 
 def _register_bubble(subparsers) -> None:
     p = subparsers.add_parser(
-        "bubble", help="pipeline bubble of GPipe, 1F1B and interleaved (Narayanan et al. 2021)"
+        "bubble",
+        help="pipeline bubble of GPipe, 1F1B and interleaved (Narayanan et al. 2021, Section 2.2)",
     )
     p.add_argument("--stages", type=COUNT, required=True, help="pipeline stages p")
     p.add_argument("--micro-batches", type=COUNT, required=True, help="micro-batches m per step")

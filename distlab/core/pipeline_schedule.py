@@ -17,7 +17,7 @@ kind    what the rank does                                          example
 ======  ==========================================================  ============
 
 This is torchtitan's ``0F0``/``0B0``/``0W0`` notation with our own names for
-the split backward (Qi et al. 2024, "Zero Bubble Pipeline Parallelism",
+the split backward (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Section 2,
 call the input-gradient pass B; we call it ``I`` so that ``B`` always means
 the whole backward).
 
@@ -306,7 +306,8 @@ def _check_mapping(mapping: tuple[int, ...], p: int, v: int) -> None:
 
 
 def gpipe(stages: int, micro_batches: int) -> Schedule:
-    """GPipe (Huang et al. 2019): every rank runs all m forwards, then all m backwards."""
+    """GPipe (Huang et al. 2019, Figure 2c): every rank runs all m forwards, then all m
+    backwards."""
     p, m, _ = check_size(stages, micro_batches)
     row = [Action(0, "F", i) for i in range(m)] + [Action(0, "B", i) for i in range(m)]
     return Schedule(tuple(tuple(row) for _ in range(p)), 1, "gpipe")

@@ -183,15 +183,23 @@ def mutant_source(solution: str, change) -> str:
     return solution
 
 
+#: The name of a variant that must earn full marks: another correct answer
+#: (``ALTERNATIVES`` of a mutants module), run among the mutants.
+CORRECT = "correct: "
+
+
 def check_solution_cell(
-    source_nb, released_nb, solution_id: str, mutants, kernel: Kernel, after: str = ""
-):
-    """Verdicts for the solution, the released stub, each mutant and the solution again."""
+    source_nb, released_nb, solution_id: str, mutants, kernel: Kernel, after: str = "",
+    alternatives=(),
+):  # fmt: skip
+    """Verdicts for the solution, the released stub, each mutant, each correct alternative
+    (named ``CORRECT + what``) and the solution again."""
     cells = {grade_id_of(c): c for c in released_nb.cells if grade_id_of(c)}
     the_plan = plan(source_nb, solution_id)
     solution = the_plan.cells[the_plan.solution].source
     variants = [("solution", solution), ("stub", cells[solution_id].source)]
     variants += [(what, mutant_source(solution, change)) for what, change in mutants]
+    variants += [(CORRECT + what, mutant_source(solution, change)) for what, change in alternatives]
     variants.append(("solution again", solution))
     return the_plan, run_variants(the_plan, variants, kernel, after)
 
@@ -201,7 +209,9 @@ def check_notebook(
 ) -> dict[str, list[Verdict]]:
     """Verdicts for every solution cell that ``mutants_file`` has mutants for, in notebook
     order, all in one kernel (see :class:`Kernel`); ``after`` maps a solution cell's grade id
-    to a cell run after each of its variants (:attr:`Verdict.after`)."""
+    to a cell run after each of its variants (:attr:`Verdict.after`). A module's optional
+    ``ALTERNATIVES`` (same form as ``MUTANTS``) are other correct answers: their verdicts'
+    names start with :data:`CORRECT`, and they must earn full marks."""
     import nbformat
 
     module = load_module(mutants_file)
@@ -221,6 +231,7 @@ def check_notebook(
                 module.MUTANTS[solution_id],
                 kernel,
                 (after or {}).get(solution_id, ""),
+                getattr(module, "ALTERNATIVES", {}).get(solution_id, ()),
             )[1]
             for solution_id in order
         }

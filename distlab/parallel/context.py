@@ -1,7 +1,7 @@
 """Context parallelism: causal attention over a sequence split across ranks (ring attention).
 
 Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers for
-Near-Infinite Context". Each of N ranks holds s/N tokens of Q, K
+Near-Infinite Context", abstract. Each of N ranks holds s/N tokens of Q, K
 and V. The K/V blocks travel around a ring: at each of N steps a rank
 attends its queries to the block it holds, then sends that block to the next
 rank and receives one from the previous: N-1 point-to-point messages per

@@ -1,7 +1,8 @@
 """Expert parallelism: a mixture-of-experts layer whose experts live on different ranks.
 
 A MoE layer replaces one MLP by ``E`` expert MLPs and a router (Shazeer et
-al. 2017; GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021):
+al. 2017; GShard, Lepikhin et al. 2020, Section 2.1; Switch Transformer, Fedus et al. 2021,
+Section 2.1):
 
 1. **route**: ``p = softmax(x W_r)`` per token; the token goes to its top-k
    experts with gate ``p_i`` (k = 1, Switch) or ``p_i / sum of its top-k p``

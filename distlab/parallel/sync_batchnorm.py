@@ -1,7 +1,7 @@
 """Synchronised batch normalisation: batch statistics over all ranks, not one.
 
 BatchNorm normalises each channel with the mean and variance of the current
-batch (Ioffe & Szegedy 2015). Under data parallelism each rank sees only its
+batch (Ioffe & Szegedy 2015, Algorithm 1). Under data parallelism each rank sees only its
 local batch: with 2 samples per rank the "batch statistics" are those of 2
 samples, noisy and different on every rank, so the model trains as if the
 batch were tiny, and the replicas' running statistics drift apart.

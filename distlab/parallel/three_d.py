@@ -1,4 +1,4 @@
-"""3D parallelism: the tiny GPT trained with TP x PP x DP at once (Narayanan et al. 2021).
+"""3D parallelism: the tiny GPT trained with TP x PP x DP at once (Narayanan et al. 2021, §2-3).
 
 :func:`train_3d` is one setting of the one runner: it builds the
 :class:`~distlab.core.layout.Layout` ``Layout(tp, pp, dp, zero_stage, ...)`` and

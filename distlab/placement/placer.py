@@ -23,7 +23,10 @@ order. The hierarchical placer *chooses* the order by default
 keeps the layout's order; ``"rank-order"`` and ``"random"`` always keep it.
 
 Strategies: ``"hierarchical"`` (the rules above; TP groups never straddle a
-node: nodes with a ragged number of free GPUs give only whole TP groups),
+node: nodes with a ragged number of free GPUs give only whole TP groups; on a busy
+cluster it scores a few choices of GPUs, :func:`slot_choices` (the first in topology
+order; whole TP, DP or PP groups per node, nodes in order or fullest first), and keeps
+the cheapest: on small busy clusters it matches a search of every arrangement),
 ``"rank-order"`` (rank ``r`` on the ``r``-th GPU given, whatever the topology)
 and ``"random"`` (a seeded shuffle). :func:`compare_placements` scores them side by side.
 """
@@ -203,8 +206,9 @@ def place(
     to a GPU of ``cluster`` (optionally only among ``gpus``).
 
     ``"hierarchical"`` with ``choose_order=True`` scores the orders of
-    :data:`HIERARCHICAL_ORDERS` for ``workload`` (default: the job's) and keeps the
-    cheaper: the returned placement's ``layout.order`` is the one chosen. With
+    :data:`HIERARCHICAL_ORDERS` on each choice of GPUs of :func:`slot_choices` for
+    ``workload`` (default: the job's) and keeps the cheapest: the returned placement's
+    ``layout.order`` is the one chosen. With
     ``choose_order=False``, and for ``"rank-order"`` and ``"random"``, the layout's
     own order numbers the ranks.
 
@@ -234,15 +238,41 @@ def place(
             f"{len(slots)} of the {len(available)} GPUs given can hold whole groups "
             f"(nodes with a free GPU count that is not a multiple of tp={layout.tp} leave some over)"
         )
-    slots = slots[:world]
     if not choose_order:
         _check_tp_innermost(job)
-        return Placement(job, cluster, strategy, slots)
+    orders = HIERARCHICAL_ORDERS if choose_order else (layout.order,)
     candidates = [
-        Placement(with_order(job, order), cluster, strategy, slots) for order in HIERARCHICAL_ORDERS
+        Placement(with_order(job, order), cluster, strategy, chosen)
+        for chosen in slot_choices(cluster, slots, layout)
+        for order in orders
     ]
     totals = [p.score(workload).total for p in candidates]
-    return candidates[int(np.argmin(totals))]
+    return candidates[int(np.argmin(totals))]  # the first of equals: topology order
+
+
+def slot_choices(cluster: ClusterSpec, slots: np.ndarray, layout: Layout) -> list[np.ndarray]:
+    """The sets of ``layout.world_size`` GPUs a hierarchical placement tries, taken from
+    ``slots`` (whole TP groups, in topology order), each in topology order.
+
+    Each node (NVLink domain when TP spans nodes) gives whole *units* of consecutive ranks:
+    a TP group (TP x CP), or a whole DP or PP group of them, so that the group stays inside
+    the node; the nodes are taken in topology order, or fullest first, so that a job fills
+    free nodes instead of spreading over partly busy ones and sending its DP or PP groups
+    over the network."""
+    g, world = cluster.gpus_per_node, layout.world_size
+    box = slots // (g if layout.tp <= g else g * cluster.nvlink_domain_nodes)
+    per_box = np.split(slots, np.flatnonzero(box[1:] != box[:-1]) + 1) if len(slots) else []
+    inner = layout.tp * layout.cp
+    choices = [slots[:world]]
+    for unit in sorted({inner, inner * layout.dp, inner * layout.pp}):
+        whole = [gpus[: len(gpus) // unit * unit] for gpus in per_box]
+        sizes = np.array([len(gpus) for gpus in whole])
+        fullest = np.lexsort((np.arange(len(whole)), -sizes))  # most first, then topology order
+        for order in (range(len(whole)), fullest):
+            filled = np.concatenate([whole[i] for i in order] or [slots[:0]])[:world]
+            if len(filled) == world:
+                choices.append(np.sort(filled))
+    return [c for i, c in enumerate(choices) if not any(np.array_equal(c, d) for d in choices[:i])]
 
 
 def with_order(job: Job, order: str) -> Job:

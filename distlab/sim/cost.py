@@ -71,14 +71,15 @@ def ring_reduce_scatter_cost(n: int) -> AlphaBetaCost:
     """Ring reduce-scatter: ``(n-1) alpha + (n-1)/n N beta + (n-1)/n N gamma``.
 
     ``n - 1`` steps, each moving one ``N/n`` chunk per rank and reducing it
-    (Thakur et al. 2005, reduce-scatter for long messages).
+    (Thakur et al. 2005, Section 4, reduce-scatter for long messages).
     """
     check_ranks(n)
     return AlphaBetaCost("ring_reduce_scatter", n, n - 1, (n - 1) / n, (n - 1) / n)
 
 
 def ring_all_gather_cost(n: int) -> AlphaBetaCost:
-    """Ring all-gather: ``(n-1) alpha + (n-1)/n N beta`` (Thakur et al. 2005, allgather ring)."""
+    """Ring all-gather: ``(n-1) alpha + (n-1)/n N beta`` (Thakur et al. 2005, Section 4,
+    allgather ring)."""
     check_ranks(n)
     return AlphaBetaCost("ring_all_gather", n, n - 1, (n - 1) / n, 0.0)
 
@@ -104,14 +105,14 @@ def tree_reduce_cost(n: int) -> AlphaBetaCost:
     """Binomial-tree reduce: ``ceil(log2 n) (alpha + N beta + N gamma)``.
 
     Each round halves the ranks still holding partial sums; every message is
-    the whole buffer (Thakur et al. 2005, reduce for short messages).
+    the whole buffer (Thakur et al. 2005, Section 4, reduce for short messages).
     """
     k = log2_ceil(n)
     return AlphaBetaCost("tree_reduce", n, k, k, k)
 
 
 def tree_broadcast_cost(n: int) -> AlphaBetaCost:
-    """Binomial-tree broadcast: ``ceil(log2 n) (alpha + N beta)`` (Thakur et al. 2005,
+    """Binomial-tree broadcast: ``ceil(log2 n) (alpha + N beta)`` (Thakur et al. 2005, Section 4,
     broadcast for short messages)."""
     k = log2_ceil(n)
     return AlphaBetaCost("tree_broadcast", n, k, k, 0.0)
@@ -156,7 +157,7 @@ def double_binary_tree_all_reduce_cost(n: int) -> AlphaBetaCost:
 
 def halving_doubling_all_reduce_cost(n: int) -> AlphaBetaCost:
     """Rabenseifner's all-reduce: recursive-halving reduce-scatter, then
-    recursive-doubling all-gather (Thakur et al. 2005, allreduce for long messages).
+    recursive-doubling all-gather (Thakur et al. 2005, Section 4.5, allreduce for long messages).
 
     For ``n = p`` a power of two: ``2 log2(p) alpha + 2(p-1)/p N beta + (p-1)/p N gamma``:
     the ring's bandwidth with logarithmic latency.
@@ -191,7 +192,7 @@ def naive_all_reduce_cost(n: int) -> AlphaBetaCost:
 
 def all_to_all_cost(n: int) -> AlphaBetaCost:
     """Pairwise-exchange all-to-all: ``(n-1) alpha + (n-1)/n N beta`` (Thakur et al.
-    2005, alltoall for long messages: in step ``k`` rank ``r`` sends to ``r + k``)."""
+    2005, Section 4.6, alltoall for long messages: in step ``k`` rank ``r`` sends to ``r + k``)."""
     check_ranks(n)
     return AlphaBetaCost("all_to_all", n, n - 1, (n - 1) / n, 0.0)
 
@@ -250,9 +251,9 @@ def hierarchical_all_reduce_cost(
     ``nics_per_node`` NICs (default: one NIC per rank), so each sees
     ``inter.bandwidth / ceil(k / nics_per_node)``.
 
-    Each phase is a closed form from this module (Thakur et al. 2005 for the
-    pieces); the two-level composition is the standard one, e.g. the
-    hierarchical all-reduce in Horovod (Sergeev & Del Balso 2018).
+    Each phase is a closed form from this module (Thakur et al. 2005, Section 4, for
+    the pieces); the two-level composition is the standard one, e.g. Horovod's
+    hierarchical all-reduce (``HOROVOD_HIERARCHICAL_ALLREDUCE=1``).
     """
     check_ranks(nodes)
     check_ranks(ranks_per_node)

@@ -17,8 +17,10 @@ MUTANTS = {
                 ),
                 (
                     "    dp = world_size // (tp * pp)\n",
-                    ("    dp = world_size // (tp * pp)\n"
-                    "    return _groups(world_size, tp=tp, pp=pp, dp=dp)\n"),
+                    (
+                        "    dp = world_size // (tp * pp)\n"
+                        "    return _groups(world_size, tp=tp, pp=pp, dp=dp)\n"
+                    ),
                 ),
             ],
         ),
@@ -111,8 +113,26 @@ MUTANTS = {
             "partial TP groups kept",
             [
                 (
-                    "    usable = {node: gpus[: len(gpus) // layout.tp * layout.tp] for node, gpus in per_node.items()}",
-                    "    usable = dict(per_node)",
+                    "        usable = {node: gpus[: len(gpus) // unit * unit] for node, gpus in per_node.items()}",
+                    "        usable = dict(per_node)",
+                )
+            ],
+        ),
+        (
+            "whole TP groups on the fullest nodes, but a stage's DP group may straddle two nodes",
+            [
+                (
+                    "    for unit in (layout.tp * layout.dp, layout.tp):",
+                    "    for unit in (layout.tp,):",
+                )
+            ],
+        ),
+        (
+            "whole DP groups per node, but the nodes taken in id order, not the fullest first",
+            [
+                (
+                    "        for node in sorted(usable, key=lambda n: (-len(usable[n]), n)):",
+                    "        for node in sorted(usable):",
                 )
             ],
         ),

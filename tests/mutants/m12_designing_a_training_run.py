@@ -99,6 +99,26 @@ MUTANTS = {
             ],
         ),
         (
+            "a justification with memory and MFU right but a made-up bubble, step and run length",
+            [
+                (
+                    """f"{memory_gb:.1f} GB per GPU, bubble {bubble:.1%}, step {chosen.step_s:.2f} s, "
+                f"MFU {chosen.mfu:.1%}: the fastest layout that fits\"""",
+                    """f"{memory_gb:.1f} GB per GPU, MFU {chosen.mfu:.1%}, a 5 % bubble, 9 s steps "
+                "and 50 days\"""",
+                )
+            ],
+        ),
+        (
+            "a justification that states the bubble against the ideal time",
+            [
+                (
+                    "bubble {bubble:.1%}, step",
+                    "bubble {(c.pp - 1) / (c.micro_batches * c.virtual_stages):.2%}, step",
+                )
+            ],
+        ),
+        (
             "MFU in percent",
             [('"mfu": chosen.mfu,', '"mfu": 100 * chosen.mfu,')],
         ),

@@ -176,3 +176,17 @@ MUTANTS = {
         ),
     ],
 }
+
+ALTERNATIVES = {
+    "choose-communication": [
+        (
+            "a whole C's all-reduce as a reduce-scatter and an all-gather (the same bytes)",
+            [
+                (
+                    '    reduce = [("reduce_scatter", "C")] if c_split else [("all_reduce", "C")]',
+                    '    reduce = [("reduce_scatter", "C")] + ([] if c_split else [("all_gather", "C")])',
+                )
+            ],
+        ),
+    ],
+}

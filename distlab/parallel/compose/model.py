@@ -9,7 +9,7 @@ torchtitan's ``parallelize``: each step works on what the previous one left):
 1. **tensor** (Megatron-LM, Shoeybi et al. 2019): q, k, v and fc1 column-parallel,
    the output projection and fc2 row-parallel, embedding and output layer
    vocabulary-parallel over the ``"tp"`` group; with ``sequence_parallel`` the
-   LayerNorms, dropout and residual stream hold s/t tokens (Korthikanti et al. 2022);
+   LayerNorms, dropout and residual stream hold s/t tokens (Korthikanti et al. 2022, Section 4.2.2);
 2. **context**: each sequence is split over the ``"cp"`` group (``split``:
    "zigzag" balances causal work, "contiguous" is the plain cut); every block's
    attention core becomes ring attention over the cp ranks, on this rank's

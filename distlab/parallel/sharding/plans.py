@@ -227,16 +227,48 @@ def plan_with(
     bytes_per_element: int = 4,
 ) -> Plan:
     """The plan to ``out`` whose collectives are ``communication`` (``[("all_gather", "A")]``,
-    ``[]`` for none); ValueError lists the collectives of every plan that reaches ``out``."""
+    ``[]`` for none); ValueError lists the collectives of every plan that reaches ``out``.
+
+    :func:`plans` lists an all-reduce once; a reduce-scatter of an array followed by an
+    all-gather of the same array is that all-reduce in two calls (the ring all-reduce is
+    exactly these two phases, and sends the same bytes), so it is accepted too: the plan's
+    all-reduce becomes a reduce-scatter and an all-gather along the array's first dimension."""
     options = plans(a, b, sizes, mesh, out=out, bytes_per_element=bytes_per_element)
     wanted = [tuple(c) for c in communication]
     for plan in options:
         if plan.communication == wanted:
             return plan
+    for at in range(len(wanted) - 1):
+        first, then = wanted[at], wanted[at + 1]
+        if len(first) == 2 and first[0] == "reduce_scatter" and then == ("all_gather", first[1]):
+            merged = [*wanted[:at], ("all_reduce", first[1]), *wanted[at + 2 :]]
+            for plan in options:
+                if plan.communication == merged:
+                    return _all_reduce_in_two_calls(plan, one_axis_mesh(mesh)[0])
     listed = "; ".join(str(p.communication) for p in options)
     raise ValueError(
         f"{a} @ {b} = {out}: no plan has the collectives {wanted}; the plans are: {listed}"
     )
+
+
+def _all_reduce_in_two_calls(plan: Plan, axis: str) -> Plan:
+    """``plan`` with its all-reduce played as a reduce-scatter along the result's first
+    dimension and an all-gather back: the same result, the same bytes."""
+    steps: list[Step] = []
+    for s in plan.steps:
+        if s.op != "all_reduce":
+            steps.append(s)
+            continue
+        dim, half = s.result.names[0], s.part.payload_bytes
+        split = s.result.with_axis(dim, axis)
+        size = s.part.group_size
+        steps += [
+            Step("reduce_scatter", s.tensor, dim, split,
+                 CommPart(f"reduce_scatter {s.tensor}", "reduce_scatter", size, half)),
+            Step("all_gather", s.tensor, dim, s.result,
+                 CommPart(f"all_gather {s.tensor}", "all_gather", size, half)),
+        ]  # fmt: skip
+    return Plan(plan.case, plan.a, plan.b, plan.out, tuple(steps))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism on real processes (Shoeybi et al. 2019).
+"""Megatron-style tensor parallelism on real processes (Shoeybi et al. 2019, Section 3).
 
 ==============  ==============================================================
 ``ops``         f, g, split, gather as autograd functions; the logged comm
