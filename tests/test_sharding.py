@@ -161,6 +161,7 @@ def test_a_wrong_plan_is_caught():
     assert all(m.max_error > 0 and not m.matches for m in measured), measured
 
 
+@pytest.mark.slow  # 4 processes: 5-25 s
 def test_an_all_reduce_in_two_calls_is_a_plan():
     """A reduce-scatter then an all-gather of C sends an all-reduce's bytes: plan_with takes it
     (partial sums of both operands, or of one sliced), and it runs exact, each rank sending
