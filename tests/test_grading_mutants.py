@@ -330,3 +330,19 @@ def test_the_check_gives_the_points_distlab_grade_exercise_gives(mutants, mutati
 
 def _first(failure: str | None) -> str:
     return textwrap.shorten(failure.splitlines()[0], 100) if failure else "passed"
+
+
+def test_a_name_a_test_cell_imports_does_not_depend_on_the_solution():
+    """A test cell that imports what it uses (issue 36 §2) passes nothing on: the later
+    cells that use the imported names run once, not for every mutant (08's Exercise 1 had
+    its multi-process bubble measurement rerun per mutant: 20 s became 109 s)."""
+    from distlab.grading.mutants import depends_on
+
+    cells = [
+        "import math",  # 0
+        "def f(x):\n    return x + 1",  # 1: the solution
+        "from math import sqrt\nassert f(1) == 2, 'f'",  # 2: its test, importing sqrt
+        "y = sqrt(4)",  # 3: a later demo using the imported name only
+        "z = f(y)",  # 4: uses the solution
+    ]
+    assert depends_on(cells, 1) == {2, 4}

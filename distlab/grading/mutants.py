@@ -56,13 +56,15 @@ class Verdict:
 
 def depends_on(sources: list[str], start: int) -> set[int]:
     """Indexes of the cells after ``start`` that use, directly or through other cells, a
-    name that cell ``start`` defines."""
+    name that cell ``start`` defines. A name a dependent cell binds by an import is the
+    library's whatever the solution: it passes nothing on (a test cell that imports what
+    it uses does not make every later cell using those names depend on the solution)."""
     names = [cell_names(s) for s in sources]
     tainted, result = set(names[start].defines), set()
     for index in range(start + 1, len(sources)):
         if names[index].uses & tainted:
             result.add(index)
-            tainted |= names[index].defines
+            tainted |= names[index].defines - names[index].imports
     return result
 
 
