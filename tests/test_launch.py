@@ -337,6 +337,7 @@ def _read_line_within(process, seconds: float) -> str:
     return process.stdout.readline()
 
 
+@pytest.mark.slow  # starts a fresh pool of workers: 6-8 s on 2 cores
 def test_an_idle_worker_survives_sigint():
     distlab.run(_threads, 2)
     idle = _idle_pids()
