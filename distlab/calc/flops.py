@@ -28,7 +28,7 @@ reads each input tensor and writes each output once, so a chain of them costs
 the sum over kernels and a fused kernel only its outside inputs and outputs
 (:func:`elementwise_traffic`). The roofline model (Williams, Waterman and
 Patterson 2009, "Roofline: An Insightful Visual Performance Model for
-Multicore Architectures", CACM 52(4)) bounds a kernel's time by
+Multicore Architectures", CACM 52(4), abstract) bounds a kernel's time by
 max(FLOPs / peak FLOP/s, bytes / memory bandwidth) (:func:`roofline_time`).
 """
 
@@ -205,19 +205,19 @@ def elementwise_traffic(
 
 
 def arithmetic_intensity(*, flops: float, n_bytes: float) -> float:
-    """FLOPs per byte moved: flops / n_bytes (Williams et al. 2009)."""
+    """FLOPs per byte moved: flops / n_bytes (Williams et al. 2009, abstract)."""
     return positive("flops", flops) / positive("n_bytes", n_bytes)
 
 
 def ridge_point(*, peak_flops: float, bandwidth: float) -> float:
     """peak FLOP/s / memory bytes/s: the arithmetic intensity above which a kernel
-    can be compute-bound (Williams et al. 2009); below it, memory-bound."""
+    can be compute-bound (Williams et al. 2009, abstract); below it, memory-bound."""
     return positive("peak_flops", peak_flops) / positive("bandwidth", bandwidth)
 
 
 def roofline_time(*, flops: float, n_bytes: float, peak_flops: float, bandwidth: float) -> float:
     """Lower bound on a kernel's seconds: max(flops / peak_flops, n_bytes / bandwidth)
-    (the roofline model, Williams et al. 2009). ``flops`` may be 0 (a pure copy)."""
+    (the roofline model, Williams et al. 2009, abstract). ``flops`` may be 0 (a pure copy)."""
     if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not flops >= 0:
         raise ValueError(f"flops must be a number >= 0, got {flops!r}")
     return max(

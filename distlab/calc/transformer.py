@@ -4,9 +4,10 @@ A :class:`ModelSpec` is what the memory, FLOPs and planner calculators need
 to know about a decoder-only transformer. Parameter counts are exact for the
 architecture described:
 
-* GPT (Radford et al. 2019; Brown et al. 2020): learned position embeddings,
-  biases everywhere, LayerNorm (weight and bias), MLP 4h with GeLU, output
-  layer tied to the token embedding. One layer has 12h² + 13h parameters.
+* GPT (Radford et al. 2019, as coded in openai/gpt-2's `src/model.py`; Brown
+  et al. 2020 keep that architecture): learned position embeddings, biases
+  everywhere, LayerNorm (weight and bias), MLP 4h with GeLU, output layer tied
+  to the token embedding. One layer has 12h² + 13h parameters.
   Pythia (GPT-NeoX) has the same layers, rotary positions and an untied output.
 * LLaMA-2 (Touvron et al. 2023, Section 2.2): rotary positions (no parameters), no
   biases, RMSNorm (weight only), SwiGLU MLP with three h x f matrices,

@@ -5,7 +5,8 @@ adds them up. Step 2: rank 0 sends the result to each of them. Only two
 steps, but rank 0's link carries ``(n - 1) N`` bytes each way while the
 others idle: time ``2 (n - 1) N beta`` grows with ``n``, which is why
 parameter servers gave way to ring and tree all-reduce (Sergeev & Del Balso
-2018, the Horovod paper, makes this argument).
+2018, the Horovod paper, abstract: communication overhead is why it moves
+TensorFlow's data parallelism to ring all-reduce).
 """
 
 from __future__ import annotations

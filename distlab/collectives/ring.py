@@ -12,7 +12,8 @@ into ``n`` chunks.
 * **All-reduce** = reduce-scatter, then all-gather: ``2(n - 1)`` steps.
 
 Every rank sends ``2(n - 1)/n * N`` bytes for an ``N``-byte all-reduce, which
-is the lower bound for any all-reduce algorithm (Patarasuk & Yuan 2009), so
+is the lower bound for any all-reduce algorithm (Patarasuk & Yuan 2009, abstract:
+a tight lower bound on the data sent, met by their ring), so
 the ring is *bandwidth optimal*; its ``2(n - 1)`` latency terms are its
 weakness for small messages. Cost (Thakur, Rabenseifner & Gropp 2005, Section 4):
 ``2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma``.

@@ -22,7 +22,8 @@ so it is detached from autograd, and autograd differentiates the rest.
 Causality makes the work uneven. With the *contiguous* split rank r holds
 tokens [r s/N, (r+1) s/N) and attends to r+1 blocks, so the last rank works
 N times as long as the first. The *zig-zag* split (Megatron-LM context
-parallelism; Brandon et al. 2023 "Striped Attention" is the strided variant)
+parallelism; Brandon et al. 2023 "Striped Attention", abstract, is the strided
+variant: each rank holds tokens spread evenly over the whole sequence)
 cuts the sequence into 2N chunks and gives rank r chunks r and 2N-1-r: every
 rank then computes 2N+1 quarter-size blocks. Blocks entirely in the future
 are skipped, and :attr:`Ring.work` counts the score elements each rank

@@ -19,8 +19,8 @@ a collective on ``n`` ranks that took ``t`` seconds on a buffer of ``N`` bytes:
 
 For all-reduce the factor comes from the bandwidth lower bound (Patarasuk &
 Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
-workstations", J. Parallel Distrib. Comput. 69(2)): every rank must send and receive at
-least ``2(n-1)/n * N`` bytes, so no algorithm beats ``2(n-1)/n * N / B`` on
+workstations", abstract; J. Parallel Distrib. Comput. 69(2)): every rank must send and
+receive at least ``2(n-1)/n * N`` bytes, so no algorithm beats ``2(n-1)/n * N / B`` on
 links of ``B`` bytes/s; ring all-reduce attains it, and its busbw equals ``B``.
 """
 
@@ -69,7 +69,7 @@ def busbw(collective: str, n: int, n_bytes: float, time_s: float) -> float:
 def all_reduce_lower_bound(n: int, n_bytes: float, bandwidth: float) -> float:
     """Fewest seconds any all-reduce of ``n_bytes`` on ``n`` ranks can take when
     each rank's link moves ``bandwidth`` bytes/s per direction:
-    ``2(n-1)/n * n_bytes / bandwidth`` (Patarasuk & Yuan 2009; latency ignored)."""
+    ``2(n-1)/n * n_bytes / bandwidth`` (Patarasuk & Yuan 2009, abstract; latency ignored)."""
     check_ranks(n)
     if bandwidth <= 0:
         raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")

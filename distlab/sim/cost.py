@@ -89,7 +89,7 @@ def ring_all_reduce_cost(n: int) -> AlphaBetaCost:
     ``2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma``.
 
     Its ``2(n-1)/n N`` bytes per rank meet the all-reduce lower bound, so the
-    ring is bandwidth optimal (Patarasuk & Yuan 2009); its ``2(n-1)`` latency
+    ring is bandwidth optimal (Patarasuk & Yuan 2009, abstract); its ``2(n-1)`` latency
     terms make it slow for small messages.
     """
     cost = ring_reduce_scatter_cost(n) + ring_all_gather_cost(n)
