@@ -43,6 +43,7 @@ well under a second (``benchmarks/planner_scale.py``).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property, lru_cache
 
 from distlab.core.checks import divisors, fraction, positive, positive_int
 from distlab.core.layout import Layout
@@ -194,8 +195,13 @@ class Plan:
         """The estimate of ``layout`` if the planner enumerated it and it fits in memory;
         ``None`` if it breaks one of the rules (module docstring; e.g. sequence parallelism
         off with tp > 1) or does not fit."""
-        layout = _planned(layout)
-        return next((e for e in self.candidates if e.layout == layout), None)
+        return self._estimates_by_layout.get(_planned(layout))
+
+    @cached_property
+    def _estimates_by_layout(self) -> dict[Layout, StepEstimate]:
+        """The candidates by layout (``Layout`` is frozen, so hashable): a lookup, not a scan
+        of thousands of estimates per call (a notebook-12 test asks for about 10,000)."""
+        return {e.layout: e for e in reversed(self.candidates)}  # the first of equal ones
 
     def explain(self) -> list[str]:
         """Why the winner wins: its memory, bubble, communication and links, in sentences."""
@@ -236,7 +242,7 @@ def plan(
         raise TypeError(f"cluster must be a distlab.sim.topology.ClusterSpec, got {cluster!r}")
     batch = positive_int("global_batch", global_batch)
     a = assumptions or PlannerAssumptions()
-    ctx = _Context(spec, cluster, a)
+    ctx = _context(spec, cluster, a)
     n_gpus = cluster.world_size
     kv_heads = spec.kv_heads or spec.heads
     candidates, enumerated, too_big = [], 0, 0
@@ -294,7 +300,14 @@ def evaluate(
             f"{layout.world_size} GPUs, not the cluster's {cluster.world_size}; choose degrees "
             "whose product is the GPU count"
         )
-    return _Context(spec, cluster, assumptions or PlannerAssumptions()).estimate(layout, fit=False)
+    return _context(spec, cluster, assumptions or PlannerAssumptions()).estimate(layout, fit=False)
+
+
+@lru_cache(maxsize=16)
+def _context(spec: ModelSpec, cluster: ClusterSpec, a: PlannerAssumptions) -> _Context:
+    """One :class:`_Context` per (model, cluster, assumptions), all frozen: a search that
+    calls :func:`evaluate` per layout reuses its constants and its links per group shape."""
+    return _Context(spec, cluster, a)
 
 
 def _planned(layout: Layout) -> Layout:
