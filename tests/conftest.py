@@ -51,3 +51,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         slow_count[item.path] = slow_count.get(item.path, 0) + bool(item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow_count[item.path])
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_left_as_found():
+    """A test that leaves Ctrl+C ignored or blocked in the pytest process breaks every later
+    test that interrupts its own main thread (``distlab.check``'s time limit sends SIGINT):
+    say which test did it, at that test."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert after == before and not blocked, (
+        f"this test left SIGINT {'blocked' if blocked else 'handled by ' + repr(after)} "
+        f"(it was {before!r})"
+    )
