@@ -18,8 +18,9 @@ precision and recomputation mode asked for, and prints, per run:
   parameters fp32, so bf16 holds the same bytes), and the most activation bytes the
   pipeline executor held for backward on each rank against
   :func:`distlab.calc.run_activations.layout_activations` (target: measured / calc 1.00 on
-  every rank), with the calculator's terms for the rank with the largest peak; where
-  the count leaves a part out (ring attention, MoE, FSDP, 16-bit), the line says what;
+  every rank), with the calculator's terms for the rank with the largest peak (the MoE
+  layers' kept-token indices from the assignments the run reports kept, step by step:
+  the peak is the largest step's); where the count refuses a run, the line says why;
 * what a layout costs: the lines of its ``CASES`` entry and the length of the ``Layout``'s
   ``repr`` (a layout is a setting, not a file).
 """
@@ -59,6 +60,7 @@ def _worker(rank, world_size, layout, config, moe, steps, precision):
         "model_state": run.model_state_bytes,
         "peak_activations": run.peak_activation_bytes,
         "step_seconds": run.step_seconds,
+        "moe_kept": run.moe_kept,
     }
 
 
@@ -74,9 +76,10 @@ def case_lines() -> dict[str, int]:
     raise ValueError("no CASES in tests/test_compose.py")
 
 
-def calculated(layout, config, moe, rank: int, precision: str):
+def calculated(layout, config, moe, rank: int, precision: str, kept: list):
     """(bytes per group, model-state bytes, (peak activation bytes, terms) or the reason the
-    count leaves this run out) distlab.calc predicts for ``rank``."""
+    count leaves this run out) distlab.calc predicts for ``rank``; ``kept``: per step, the
+    assignments the rank's MoE layers kept (``ComposedRun.moe_kept``)."""
     spec = gpt_spec(vocab=config.vocab, seq_len=config.seq_len, hidden=config.hidden,
                     heads=config.heads, layers=config.layers,
                     tie_embeddings=config.tie_embeddings)  # fmt: skip
@@ -84,14 +87,16 @@ def calculated(layout, config, moe, rank: int, precision: str):
     b = BATCH // (layout.dp * layout.micro_batches)
     comm = layout_comm(spec, layout, rank, micro_batch=b, moe=moe_spec, precision=precision)
     state = layout_model_state(spec, layout, rank, moe=moe_spec).total
-    if moe:
-        activations = "MoE dispatch and combine buffers are not counted"
-    else:
-        try:
-            activations = layout_activations(spec, layout, rank, micro_batch=b,
-                                             bytes_per_element=4 if precision == "fp32" else 2)  # fmt: skip
-        except ValueError as error:
-            activations = str(error).split("not modelled: ")[-1]
+    width = 4 if precision == "fp32" else 2
+    try:
+        by_step = [
+            layout_activations(spec, layout, rank, micro_batch=b, bytes_per_element=width,
+                               moe=moe_spec, kept=step if moe else None)
+            for step in kept
+        ]  # fmt: skip
+        activations = max(by_step, key=lambda peak_and_terms: peak_and_terms[0])
+    except ValueError as error:
+        activations = str(error)
     return {g: v.total for g, v in comm.items()}, state, activations
 
 
@@ -105,7 +110,7 @@ def measure(name: str, steps: int, precision: str, recompute: str) -> dict:
     equal = True
     states, activations = [], []
     for r in runs:
-        want, state, acts = calculated(layout, config, moe, r["rank"], precision)
+        want, state, acts = calculated(layout, config, moe, r["rank"], precision, r["moe_kept"])
         equal &= r["sent"] == want
         for g in sorted(set(want) | set(r["sent"])):
             row = groups.setdefault(g, [0, 0])
@@ -163,7 +168,9 @@ def main() -> None:
               f"(measured / calc {m_act / c_act:.2f}, {same})")  # fmt: skip
         for chunk in chunks:
             for term, value in chunk.terms.items():
-                print(f"      chunk {chunk.chunk}, one micro-batch: {term:<52} {value:>9,.0f}")
+                print(f"      chunk {chunk.chunk}, one micro-batch: {term:<58} {value:>9,.0f}")
+            for term, value in chunk.once.items():
+                print(f"      chunk {chunk.chunk}, once:            {term:<58} {value:>9,.0f}")
         print()
 
 

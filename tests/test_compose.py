@@ -71,6 +71,10 @@ SCHEDULE_CASES = {
         {"capacity_factor": 1.25},
     ),
 }  # fmt: skip
+#: MoE layers under FSDP: the router is called as a module, so FSDP gathers its weight
+MORE_CASES = {
+    "dp2_fsdp_moe": (Layout(dp=2, zero_stage=3, micro_batches=2), CONFIG, {"capacity_factor": 1.25}),
+}  # fmt: skip
 
 
 def loss_holders(layout: Layout) -> set[int]:
@@ -130,9 +134,9 @@ def dense_slice(name: str, dense: dict, run, layout: Layout, config: GPTConfig, 
     return name, dense_shard(name, dense[name], layout.tp, run.coordinates["tp"], config.vocab)
 
 
-@pytest.fixture(scope="module", params=[*CASES, *SCHEDULE_CASES])
+@pytest.fixture(scope="module", params=[*CASES, *SCHEDULE_CASES, *MORE_CASES])
 def case(request):
-    layout, config, moe = {**CASES, **SCHEDULE_CASES}[request.param]
+    layout, config, moe = {**CASES, **SCHEDULE_CASES, **MORE_CASES}[request.param]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -321,9 +321,11 @@ def peak_bytes(
       Llama 3's 128,256 rows at 8,192 tokens are 4.2 GB per sequence before tp.
 
     Not counted: the rest of what a run keeps outside its layers (layer-norm
-    statistics, the embedding's indices: :mod:`distlab.calc.run_activations`),
-    communication buffers, the CUDA context and allocator fragmentation (leave
-    headroom).
+    statistics, the embedding's indices), what ``torch.autocast`` adds when the
+    parameters stay fp32 (an fp32 residual stream, each linear's own 16-bit copies of
+    its input and weight) and MoE layers' routing and expert buffers (all counted for
+    distlab's runs by :mod:`distlab.calc.run_activations`), communication buffers, the
+    CUDA context and allocator fragmentation (leave headroom).
     """
     n_layers = positive_int("layers", layers)
     p = positive_int("pp", pp)

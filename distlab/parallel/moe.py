@@ -130,6 +130,20 @@ class Expert(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+class Router(nn.Linear):
+    """The router: a linear layer without bias whose scores are computed in fp32 whatever
+    the rest runs in, Switch Transformer's "selective precision" (Fedus et al. 2021,
+    Section 2.4.1). A 16-bit router flips top-k choices on rounding alone, and a flipped
+    choice moves a token to another expert, a large change; under ``torch.autocast`` the
+    experts still run in 16 bits. The layer is called as a module (not read through its
+    weight) so that whatever wraps modules sees its forward: FSDP gathers a unit's
+    parameters in a hook before the unit's forward (:mod:`distlab.parallel.fsdp`)."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(tokens.device.type, enabled=False):
+            return F.linear(tokens.float(), self.weight.float())
+
+
 class MoE(nn.Module):
     """Single-process MoE layer: a router and ``num_experts`` :class:`Expert` s.
 
@@ -159,7 +173,7 @@ class MoE(nn.Module):
         expert_capacity(1, num_experts, top_k=top_k, capacity_factor=capacity_factor)  # checks
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            self.router = nn.Linear(hidden, num_experts, bias=False)
+            self.router = Router(hidden, num_experts, bias=False)
             self.experts = nn.ModuleList(Expert(hidden, ffn_hidden) for _ in range(num_experts))
         self.aux_loss: torch.Tensor | None = None
         self.routing: Routing | None = None
@@ -176,13 +190,8 @@ class MoE(nn.Module):
         return routing
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The router's scores, computed in fp32 whatever the rest runs in: Switch
-        Transformer's "selective precision" (Fedus et al. 2021, Section 2.4.1). A
-        16-bit router flips top-k choices on rounding alone, and a flipped choice moves a
-        token to another expert, a large change; under ``torch.autocast`` the experts still
-        run in 16 bits."""
-        with torch.autocast(tokens.device.type, enabled=False):
-            return F.linear(tokens.float(), self.router.weight.float())
+        """The router's scores (:class:`Router`, in fp32)."""
+        return self.router(tokens)
 
     def run_experts(self, slots: torch.Tensor) -> torch.Tensor:
         """``(E, C, hidden)`` -> ``(E, C, hidden)``: expert e on its own slots."""

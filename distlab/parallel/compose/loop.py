@@ -24,7 +24,10 @@ chunk adds its own layers' term as a side loss of the pipeline executor
 (``PipelineStage.side_loss``), so with ``pp > 1`` an earlier stage's balancing loss
 trains that stage's routers, as in one process; the loss reported is then summed
 over the pipeline's ranks. Each micro-batch of each replica (and with cp > 1 each
-cp rank's tokens) is one routing group with its own capacity.
+cp rank's tokens) is one routing group with its own capacity. ``ComposedRun.moe_kept``
+reports, per step, how many assignments each forward's MoE layers kept
+(:class:`KeptAssignments`): what they keep for backward depends on it
+(:mod:`distlab.calc.run_activations`).
 
 **Where the loss is.** The rank that holds the last virtual stage computes the loss:
 the last pipeline rank, rank 0 of a V (ZB-V, DualPipeV), and for DualPipe both ends
@@ -111,6 +114,8 @@ class ComposedRun:
     peak_activation_bytes: int  # the most the pipeline executor held for backward
     bytes_by_group: list[dict[str, int]] = field(default_factory=list)  # per step, wire bytes
     moe_stats: list[list[MoELayerStats]] = field(default_factory=list)  # per step, per MoE layer
+    # per step: the assignments each forward's MoE layers kept, by (chunk, micro-batch)
+    moe_kept: list[dict[tuple[int, int], int]] = field(default_factory=list)
     precision: str = "fp32"
     skipped_steps: list[int] = field(default_factory=list)  # fp16: steps skipped on overflow
 
@@ -170,6 +175,47 @@ def _scale_losses(stage, scaler) -> None:
         stage.side_loss = lambda chunk: (
             None if (side := side_loss(chunk)) is None else side * scaler.scale
         )
+
+
+class KeptAssignments:
+    """How many (token, expert) assignments the MoE layers of each forward kept, by
+    (chunk, micro-batch), for one step at a time (:meth:`take`): the one part of what a
+    MoE layer keeps for backward that the routing decides (the indices ``combine``
+    scatters the kept gates with; :mod:`distlab.calc.run_activations`).
+
+    A forward hook on each chunk holding MoE layers reads their routing after the chunk's
+    forward; the executor runs a chunk forward once per ``F`` action (a recomputed block
+    routes again inside backward, not through the chunk), so the chunk's n-th forward of a
+    step is micro-batch ``order[chunk][n]``, its n-th ``F`` in this rank's schedule."""
+
+    def __init__(self, parallel: ParallelModel, stage: int) -> None:
+        self.order: dict[int, list[int]] = {}
+        for action in parallel.schedule.ranks[stage]:
+            if action.kind == "F":
+                self.order.setdefault(action.chunk, []).append(action.micro_batch)
+        self.step: dict[tuple[int, int], int] = {}
+        self.handles = [
+            module.register_forward_hook(self._recorder(chunk, layers))
+            for chunk, module in parallel.stage.chunks.items()
+            if (layers := moe_layers(module))
+        ]
+
+    def _recorder(self, chunk: int, layers: list):
+        def record(module, inputs, output) -> None:
+            done = sum(1 for c, _ in self.step if c == chunk)
+            kept = sum(int(layer.routing.kept.sum()) for layer in layers)
+            self.step[(chunk, self.order[chunk][done])] = kept
+
+        return record
+
+    def take(self) -> dict[tuple[int, int], int]:
+        """This step's counts; the next step starts empty."""
+        step, self.step = self.step, {}
+        return step
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 def loss_ranks(schedule) -> tuple[int, ...]:
@@ -353,6 +399,7 @@ def train(
         else contextlib.nullcontext()
     )
     my_moe_layers = moe_layers(torch.nn.ModuleList(parallel.stage.chunks.values()))
+    kept_by_forward, kept = KeptAssignments(parallel, where["pp"]), []
     holds_loss = where["pp"] in loss_ranks(parallel.schedule)
     spread = layout.pp > 1 and (aux_weight > 0 or parallel.schedule.bidirectional)
     for step in range(done + 1, done + steps + 1):
@@ -376,6 +423,7 @@ def train(
                 skipped.append(step)
         sent.append(_bytes_by_group(trace))
         stats.append([routing_stats(layer) for layer in my_moe_layers])  # the last micro-batch
+        kept.append(kept_by_forward.take())
         loss = torch.tensor([(run.loss or 0.0) / scale], dtype=torch.float64)
         if spread:  # side losses on every stage, or DualPipe's two ends
             dist.all_reduce(loss, group=mesh["pp"])
@@ -387,6 +435,7 @@ def train(
         if step == save_after:
             save_checkpoint(save_to, parallel, step_with, model, step=step,
                             loss_scaler=loss_scaler)  # fmt: skip
+    kept_by_forward.close()
     shards = final_parameters(parallel)
     states, _ = optimizer_state_tensors(state_holder)
     return ComposedRun(
@@ -402,6 +451,7 @@ def train(
         peak_activation_bytes=peak,
         bytes_by_group=sent,
         moe_stats=stats,
+        moe_kept=kept,
         precision=precision,
         skipped_steps=skipped,
     )

@@ -28,6 +28,16 @@ an action that raises is reported by global rank with its place in the
 pipeline, as ``rank 5 [stage 1 of pp group (1, 5)]: action 0F3 ...``; the
 launcher then stops every rank, so a failure never hangs the others.
 
+Memory: each ``F`` counts the storages autograd saves for that forward (each once,
+views included; parameters are model state, not counted), and the rank holds them until
+the matching ``B`` (or ``W``). A storage that several held forwards save is counted once
+while any of them holds it: under ``torch.autocast`` every micro-batch's linears save the
+same cached 16-bit copy of a weight, one tensor in memory however many micro-batches are
+in flight. The rank keeps a reference to each storage it counts until that backward,
+so one that autograd dropped early (the MoE balancing loss's, when the loss is unused)
+cannot free its address for another to be mistaken for it. ``peak_activation_bytes``
+is the most held at once.
+
 Timing: every compute action records its start and end on the machine's
 monotonic clock (shared by all processes), so the ranks' timelines line up.
 ``fixed_cost`` adds a known sleep per action (seconds per whole stage; a
@@ -260,6 +270,7 @@ class _Runner:
         self.held = self.pending = self.held_bytes = 0
         self.peaks = [0, 0, 0]
         self.activation_bytes: dict[int, int] = {}
+        self.holders: dict[int, int] = {}  # storage address -> how many held forwards saved it
 
     # -- messages ---------------------------------------------------------------
     def _tag(self, kind: str, j: int, i: int) -> int:
@@ -339,7 +350,7 @@ class _Runner:
             x = self.inputs[i].to(self.device)
         else:
             x = self.received.pop(("act", c, i)).requires_grad_(True)
-        saved: dict[int, int] = {}
+        saved: dict[int, tuple[torch.UntypedStorage, int]] = {}  # address -> (storage, bytes)
         chunk = self.stage.chunks[c]
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -353,8 +364,9 @@ class _Runner:
                 or isinstance(t, torch.nn.Parameter)
                 or ptr in _weight_storages(chunk)
             )
-            if not weight:
-                saved[ptr] = t.untyped_storage().nbytes()
+            if not weight:  # kept until the backward: while held, no other takes its address
+                storage = t.untyped_storage()
+                saved[ptr] = (storage, storage.nbytes())
             return t
 
         side = None
@@ -368,11 +380,25 @@ class _Runner:
                 side = side / self.m
                 self.loss += float(side.detach())
                 self.has_loss = True
-        nbytes = sum(saved.values())
-        self.activation_bytes[c] = nbytes
-        self.stash[(c, i)] = (x, (out, side), nbytes)
+        self.activation_bytes[c] = sum(nbytes for _, nbytes in saved.values())
+        self.stash[(c, i)] = (x, (out, side), saved)
         self.held += 1
-        self.held_bytes += nbytes
+        self._hold(saved)
+
+    def _hold(self, saved: dict[int, tuple]) -> None:
+        """Add a forward's saved storages to what the rank holds, each storage once."""
+        for ptr, (_, nbytes) in saved.items():
+            if self.holders.get(ptr, 0) == 0:
+                self.held_bytes += nbytes
+            self.holders[ptr] = self.holders.get(ptr, 0) + 1
+
+    def _release(self, saved: dict[int, tuple]) -> None:
+        """A forward's backward is done: drop the storages no held forward saves any more."""
+        for ptr, (_, nbytes) in saved.items():
+            self.holders[ptr] -= 1
+            if self.holders[ptr] == 0:
+                del self.holders[ptr]
+                self.held_bytes -= nbytes
 
     def _output_grad(self, c: int, i: int, roots: tuple) -> tuple[list, list]:
         """What backward starts from: the chunk's output (or loss) and its side loss, if
@@ -391,17 +417,17 @@ class _Runner:
         return [out, side], [grad, None]
 
     def _B(self, c: int, i: int) -> None:
-        x, roots, nbytes = self.stash.pop((c, i))
+        x, roots, saved = self.stash.pop((c, i))
         torch.autograd.backward(*self._output_grad(c, i, roots))
         if not self._ends(c, i)[0]:
             self.received[("input_grad", c, i)] = x.grad
         self.held -= 1
-        self.held_bytes -= nbytes
+        self._release(saved)
 
     def _I(self, c: int, i: int) -> None:
-        x, roots, nbytes = self.stash[(c, i)]
+        x, roots, saved = self.stash[(c, i)]
         outputs, grads = self._output_grad(c, i, roots)
-        self.stash[(c, i)] = (x, (outputs, grads), nbytes)
+        self.stash[(c, i)] = (x, (outputs, grads), saved)
         if not self._ends(c, i)[0]:
             (self.received[("input_grad", c, i)],) = torch.autograd.grad(
                 outputs, x, grads, retain_graph=True
@@ -410,11 +436,11 @@ class _Runner:
         self.pending += 1
 
     def _W(self, c: int, i: int) -> None:
-        _, (outputs, grads), nbytes = self.stash.pop((c, i))
+        _, (outputs, grads), saved = self.stash.pop((c, i))
         weights = [p for p in self.stage.chunks[c].parameters() if p.requires_grad]
         torch.autograd.backward(outputs, grads, inputs=weights)
         self.pending -= 1
-        self.held_bytes -= nbytes
+        self._release(saved)
 
     # -- end of step ------------------------------------------------------------
     def finish(self) -> RankRun:
