@@ -60,11 +60,25 @@ def _ctrl_c_left_as_found():
     say which test did it, at that test."""
     import signal
 
-    before = signal.getsignal(signal.SIGINT)
+    before = signal.getsignal(signal.SIGINT), _sigint_in_proc()
     yield
-    after = signal.getsignal(signal.SIGINT)
+    after = signal.getsignal(signal.SIGINT), _sigint_in_proc()
     blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     assert after == before and not blocked, (
-        f"this test left SIGINT {'blocked' if blocked else 'handled by ' + repr(after)} "
-        f"(it was {before!r})"
+        f"this test left SIGINT {'blocked' if blocked else 'as ' + repr(after)} "
+        f"(it was {before!r}; (handler, (ignored, blocked)) as Python and the kernel see it)"
     )
+
+
+def _sigint_in_proc() -> tuple[bool, bool] | None:
+    """(ignored, blocked in the main thread) for SIGINT as the kernel sees it (a library's C
+    code can change either behind Python's signal module), from /proc; None elsewhere."""
+    import os
+
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/status") as status:
+            fields = dict(line.split(":", 1) for line in status if line.startswith("Sig"))
+    except OSError:
+        return None
+    bit = 1 << 1  # SIGINT is signal 2: bit 1 of the masks
+    return bool(int(fields["SigIgn"], 16) & bit), bool(int(fields["SigBlk"], 16) & bit)

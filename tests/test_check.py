@@ -194,6 +194,19 @@ def test_a_test_past_the_timeout_is_reported_as_distlab_grade_reports_it(shell, 
     assert result.grade.exercises[0].failure.startswith("TimeoutError: timed out after 1 s")
 
 
+def test_a_test_that_catches_the_first_interrupt_is_stopped_by_the_next(shell, course):
+    """The limit interrupts again every second until the cell ends: a cell that swallows
+    one ``KeyboardInterrupt`` (a bare ``except:``) cannot run on past it."""
+    swallows_one = ("import time\ndef second():\n    try:\n        while True:\n"
+                    "            time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass\n"
+                    "    while True:\n        time.sleep(0.05)")  # fmt: skip
+    run_cells(shell, SETUP, swallows_one)
+    started = time.perf_counter()
+    result = check("second", notebook="00", root=course, record=False, timeout=1)
+    assert result.grade.exercises[0].failure.startswith("TimeoutError: timed out after 1 s")
+    assert time.perf_counter() - started < 60  # two interrupts a second apart, not pytest's 300 s
+
+
 def test_the_notebook_comes_from_the_kernels_file_or_the_exercise_name(shell, course, tmp_path):
     run_cells(shell, SETUP, SOLUTION)
     learner = tmp_path / "work" / "my copy.ipynb"

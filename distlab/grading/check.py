@@ -261,34 +261,36 @@ def _timed_out(shell, interrupt: KeyboardInterrupt, timeout: int) -> dict:
 
 class _TimeLimit:
     """Within the block, interrupt the main thread (SIGINT, as a kernel interrupt does)
-    once ``seconds`` have passed; ``fired`` says whether it did. Off outside the main
-    thread or without a limit."""
+    once ``seconds`` have passed, and again every second until the block ends (a test cell
+    that catches the first ``KeyboardInterrupt``, with a bare ``except:`` say, still
+    stops); ``fired`` says whether it did. Off outside the main thread or without a limit."""
 
     def __init__(self, seconds: int | None):
         self.seconds = seconds
         self.fired = False
         self._lock = threading.Lock()
-        self._done = False
+        self._done = threading.Event()
         self._timer = None
 
     def __enter__(self):
         if self.seconds and threading.current_thread() is threading.main_thread():
-            self._timer = threading.Timer(self.seconds, self._fire)
-            self._timer.daemon = True
+            self._timer = threading.Thread(target=self._interrupt, daemon=True)
             self._timer.start()
         return self
 
-    def _fire(self) -> None:
-        with self._lock:
-            if not self._done:
+    def _interrupt(self) -> None:
+        wait = self.seconds
+        while not self._done.wait(wait):
+            with self._lock:
+                if self._done.is_set():
+                    return
                 self.fired = True
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            wait = 1.0
 
     def __exit__(self, *exc) -> None:
         with self._lock:
-            self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
+            self._done.set()
 
 
 # --------------------------------------------------------------- which exercise ---
