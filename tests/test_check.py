@@ -207,6 +207,23 @@ def test_a_test_that_catches_the_first_interrupt_is_stopped_by_the_next(shell, c
     assert time.perf_counter() - started < 60  # two interrupts a second apart, not pytest's 300 s
 
 
+@pytest.mark.timeout(60)
+def test_the_limit_holds_where_the_process_ignores_ctrl_c(shell, course):
+    """A pytest worker was twice found with SIGINT ignored, and the 1 s limit then never
+    fired: within the check SIGINT raises, as in a kernel running a cell, and the process's
+    own setting is back after it."""
+    import signal
+
+    run_cells(shell, SETUP, "import time\ndef second():\n    while True:\n        time.sleep(0.05)")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = check("second", notebook="00", root=course, record=False, timeout=1)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.grade.exercises[0].failure.startswith("TimeoutError: timed out after 1 s")
+
+
 def test_the_notebook_comes_from_the_kernels_file_or_the_exercise_name(shell, course, tmp_path):
     run_cells(shell, SETUP, SOLUTION)
     learner = tmp_path / "work" / "my copy.ipynb"

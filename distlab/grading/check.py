@@ -263,7 +263,9 @@ class _TimeLimit:
     """Within the block, interrupt the main thread (SIGINT, as a kernel interrupt does)
     once ``seconds`` have passed, and again every second until the block ends (a test cell
     that catches the first ``KeyboardInterrupt``, with a bare ``except:`` say, still
-    stops); ``fired`` says whether it did. Off outside the main thread or without a limit."""
+    stops); ``fired`` says whether it did. SIGINT raises ``KeyboardInterrupt`` in the block
+    whatever the process had set (ignored, blocked), and is set back after it. Off outside
+    the main thread or without a limit."""
 
     def __init__(self, seconds: int | None):
         self.seconds = seconds
@@ -274,6 +276,10 @@ class _TimeLimit:
 
     def __enter__(self):
         if self.seconds and threading.current_thread() is threading.main_thread():
+            # As a kernel does while it runs a cell (ipykernel ignores SIGINT when idle):
+            # Ctrl+C raises KeyboardInterrupt here, whatever the process had set.
+            self._previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             self._timer = threading.Thread(target=self._interrupt, daemon=True)
             self._timer.start()
         return self
@@ -289,8 +295,13 @@ class _TimeLimit:
             wait = 1.0
 
     def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._done.set()
+        try:
+            with self._lock:
+                self._done.set()
+        finally:  # an interrupt sent just before the block ended may land here
+            if self._timer is not None:
+                signal.signal(signal.SIGINT, self._previous)
+                signal.pthread_sigmask(signal.SIG_SETMASK, self._blocked)
 
 
 # --------------------------------------------------------------- which exercise ---
