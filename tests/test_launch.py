@@ -275,7 +275,7 @@ import faulthandler, os, signal, sys, threading, time, psutil, distlab
 
 faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if it waits too long
 # Ctrl+C as a Python started from a terminal takes it: a child inherits an ignored SIGINT, and
-# twice a run the pytest worker had one (tests/conftest.py names who, when it happens again)
+# pytest run as a background job of a script (`pytest &`) has one, as POSIX says
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def sleeper(rank, world_size):

@@ -276,8 +276,8 @@ class _TimeLimit:
 
     def __enter__(self):
         if self.seconds and threading.current_thread() is threading.main_thread():
-            # As a kernel does while it runs a cell (ipykernel ignores SIGINT when idle):
-            # Ctrl+C raises KeyboardInterrupt here, whatever the process had set.
+            # As a kernel does while it runs a cell (ipykernel ignores SIGINT when idle;
+            # a background job starts with it ignored): Ctrl+C raises KeyboardInterrupt here.
             self._previous = signal.signal(signal.SIGINT, signal.default_int_handler)
             self._blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             self._timer = threading.Thread(target=self._interrupt, daemon=True)
