@@ -17,7 +17,7 @@ import tempfile
 import time
 
 import distlab
-from distlab.parallel import checkpoint_files as files
+from distlab.parallel.checkpoint import files
 
 
 def hash_rate(mib: int) -> tuple[int, float]:
@@ -39,8 +39,8 @@ def _save_and_load(rank, world_size, folder, layers):
 
     from distlab.models import GPT, GPTConfig, gpt_batch
     from distlab.parallel import checkpoint as ckpt
-    from distlab.parallel import checkpoint_files as files
-    from distlab.parallel import training as T
+    from distlab.parallel.checkpoint import files
+    from distlab.parallel.data import training as T
 
     torch.set_num_threads(1)
     config = GPTConfig(layers=layers, hidden=256, heads=4)

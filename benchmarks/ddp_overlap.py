@@ -3,7 +3,7 @@
     python benchmarks/ddp_overlap.py [--world-size 2] [--steps 10] [--bucket-mb 4]
                                      [--algorithm ring] [--plot trace.png]
 
-Runs :func:`distlab.parallel.ddp_timing.time_ddp_variants` on real gloo
+Runs :func:`distlab.parallel.data.ddp_timing.time_ddp_variants` on real gloo
 processes: the same MLP, the same data, the three variants taking turns step
 by step. Prints, per variant, the median step time of the slowest rank, the
 collectives issued per step, the ratio naive / variant, and (bucketed) how
@@ -18,7 +18,7 @@ import argparse
 import itertools
 
 import distlab
-from distlab.parallel.ddp_timing import format_table, summarise, time_ddp_variants
+from distlab.parallel.data.ddp_timing import format_table, summarise, time_ddp_variants
 
 
 def main(argv: list[str] | None = None) -> None:

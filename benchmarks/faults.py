@@ -288,7 +288,7 @@ def grader_faults() -> None:
 def _save_steps(rank, world_size, folder):
     from distlab.models import GPT, GPTConfig
     from distlab.parallel import save_sharded
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     trainer = T.build("zero1", GPT(GPTConfig(layers=1), seed=0), algorithm="builtin", lr=1e-2)
     for step in (2, 4, 6):
@@ -298,7 +298,7 @@ def _save_steps(rank, world_size, folder):
 def _restart(rank, world_size, folder):
     import warnings
 
-    from distlab.parallel.checkpoint import latest_verified_checkpoint
+    from distlab.parallel.checkpoint.data_parallel import latest_verified_checkpoint
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -30,7 +30,7 @@ def _worker(rank, world_size, tokens, hidden, experts, top_k, steps):
     import torch.distributed as dist
 
     from distlab.collectives import count_traffic
-    from distlab.parallel.moe import ExpertParallelMoE, MoE
+    from distlab.parallel.moe.layer import ExpertParallelMoE, MoE
 
     dense = MoE(hidden, 4 * hidden, experts, top_k=top_k, capacity_factor=1.25)
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(rank))
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
             ms = 1e3 * statistics.median(times[algorithm])
             print(f"{ep:>3} {algorithm:>9} {ms:>8.2f} {measured:>15} {predicted:>10,.0f}")
     if args.plot:
-        from distlab.parallel.moe import load_balance_run
+        from distlab.parallel.moe.layer import load_balance_run
         from distlab.viz.moe_plots import plot_expert_load
 
         runs = {f"aux loss x {w}": load_balance_run(aux_weight=w) for w in (0.0, 1.0)}

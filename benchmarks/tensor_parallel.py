@@ -78,7 +78,7 @@ def _worker(rank, world_size, shape, steps):
     from distlab.collectives import count_traffic
     from distlab.models import GPT, GPTConfig
     from distlab.parallel import ContextParallelBlock, ParallelBlock, Ring, TensorParallelComm
-    from distlab.parallel.context import split_sequence
+    from distlab.parallel.context.ring import split_sequence
     from distlab.parallel.tensor.activations import measure_saved_activations
     from distlab.parallel.tensor.sequence import sync_sequence_parallel_grads
 

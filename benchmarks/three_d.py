@@ -6,7 +6,7 @@
 
 Trains the same tiny GPT on the same global batch with the same optimizer
 (SGD with momentum: one state tensor per parameter, which ZeRO-1 shards)
-four ways, all through :func:`distlab.parallel.three_d.train_3d` on gloo processes:
+four ways, all through :func:`distlab.parallel.compose.three_d.train_3d` on gloo processes:
 
 * ``single``: 1 process, every degree 1 and one micro-batch (a plain forward
   and backward of the whole batch);
@@ -19,7 +19,7 @@ and prints three things from one invocation:
 
 1. the communication of one traced TP2xPP2xDP2 step, per group and
    collective, against :func:`distlab.calc.three_d.three_d_comm`
-   (:func:`distlab.parallel.comm_table.trace_three_d`): with plain DP, with
+   (:func:`distlab.parallel.compose.traffic.trace_three_d`): with plain DP, with
    ZeRO-1 (its one-time broadcast included), and with the interleaved schedule
    (v = 2 chunks; only when 4 divides ``--layers`` and 2 ``--micro-batches``);
 2. the same layout's step time on one DGX-H100 node (8 GPUs), from the planner
@@ -27,14 +27,14 @@ and prints three things from one invocation:
    (:func:`distlab.calc.three_d.layout_step_time`), for this tiny GPT and for
    LLaMA-2 7B (the planner's ``7B`` preset, micro-batch 1, 8 micro-batches);
 3. one benchmark table from one run of each layout: the median step time of the slowest rank
-(:attr:`~distlab.parallel.three_d.ThreeDRun.step_seconds`, the first step left out as
+(:attr:`~distlab.parallel.compose.three_d.ThreeDRun.step_seconds`, the first step left out as
 warm-up), the largest per-rank parameter, gradient and optimizer-state bytes at the end of
 the run (the rank's parameters, as many gradient bytes, and
-:attr:`~distlab.parallel.three_d.ThreeDRun.optimizer_state_bytes`), the largest peak
+:attr:`~distlab.parallel.compose.three_d.ThreeDRun.optimizer_state_bytes`), the largest peak
 activation bytes the pipeline executor kept
-(:attr:`~distlab.parallel.three_d.ThreeDRun.peak_activation_bytes`), the
+(:attr:`~distlab.parallel.compose.three_d.ThreeDRun.peak_activation_bytes`), the
 largest peak RSS of a process, and the most bytes a rank sent per step
-(:func:`~distlab.parallel.comm_trace.trace_comm`'s wire bytes: distlab's ring
+(:func:`~distlab.parallel.comm.trace.trace_comm`'s wire bytes: distlab's ring
 collectives, pipeline messages and their headers; ZeRO-1's one-time parameter
 broadcast left out). CPU timings on a shared
 machine are noisy; bytes are exact.
@@ -67,8 +67,8 @@ def _worker(rank, world_size, config, tp, pp, dp, batch, micro_batches, steps, o
     import torch
 
     from distlab.models import gpt_batch
-    from distlab.parallel.comm_trace import trace_comm
-    from distlab.parallel.three_d import train_3d
+    from distlab.parallel.comm.trace import trace_comm
+    from distlab.parallel.compose.three_d import train_3d
 
     torch.set_num_threads(1)
     tokens, targets = gpt_batch(batch, config, seed=1)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     from distlab.calc.planner import PlannerAssumptions
     from distlab.calc.three_d import format_layout_time, gpt_spec, layout_step_time
     from distlab.calc.transformer import model_preset
-    from distlab.parallel.comm_table import format_trace_table, trace_three_d
+    from distlab.parallel.compose.traffic import format_trace_table, trace_three_d
     from distlab.sim.topology import preset
 
     interleaves = args.layers % 4 == 0 and args.micro_batches % 2 == 0

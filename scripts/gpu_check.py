@@ -4,7 +4,7 @@ On a machine with CUDA GPUs (NCCL), it prints a table and exits 1 if any check f
 2 if there is no GPU:
 
 1. **collectives on NCCL**: every all-reduce algorithm of
-   :data:`distlab.parallel.comm.ALGORITHMS` on ``min(GPUs, 8)`` ranks, against
+   :data:`distlab.parallel.comm.collectives.ALGORITHMS` on ``min(GPUs, 8)`` ranks, against
    ``torch.distributed.all_reduce`` on the same tensors (fp32, equal to 1e-5);
 2. **the composed loop on the GPUs**: :func:`distlab.parallel.compose.train` of the tiny
    GPT under a layout that uses every GPU it can (tensor x data parallelism), against
@@ -38,7 +38,7 @@ def _collectives(rank, world_size):
     import torch
     import torch.distributed as dist
 
-    from distlab.parallel.comm import ALGORITHMS, Collectives
+    from distlab.parallel.comm.collectives import ALGORITHMS, Collectives
 
     out = {}
     for algorithm in ALGORITHMS:

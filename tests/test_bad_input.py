@@ -22,11 +22,11 @@ import torch
 
 import distlab
 from distlab.models import GPT, MLP, GPTConfig, gpt_batch
-from distlab.parallel import training
-from distlab.parallel.moe import MoE, route
-from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
+from distlab.parallel.compose.three_d import train_3d
+from distlab.parallel.data import training
+from distlab.parallel.moe.gpt import MoEConfig, MoEGPT
+from distlab.parallel.moe.layer import MoE, route
 from distlab.parallel.pipeline.partition import GPTEmbedding
-from distlab.parallel.three_d import train_3d
 
 CONFIG = GPTConfig(layers=2)  # vocab 64, seq_len 16
 TOKENS, TARGETS = gpt_batch(4, CONFIG)

@@ -116,7 +116,7 @@ def _train(rank, world_size, layout, config, context, split="zigzag", precision=
            moe=None):  # fmt: skip
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
-    from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
+    from distlab.parallel.moe.gpt import MoEConfig, MoEGPT
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
     model = GPT(config, seed=0) if moe is None else MoEGPT(config, MoEConfig(**moe), seed=0)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import distlab
-from distlab.parallel.checkpoint_files import COMMIT, CheckpointError, latest_checkpoint
+from distlab.parallel.checkpoint.files import COMMIT, CheckpointError, latest_checkpoint
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -30,7 +30,7 @@ def _trainer(seed):
     import torch
 
     from distlab.models import GPT, GPTConfig
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     torch.set_num_threads(1)
     return T.build("zero1", GPT(GPTConfig(layers=1), seed=seed), algorithm="builtin", lr=1e-2)
@@ -38,14 +38,14 @@ def _trainer(seed):
 
 def _train(trainer, first, n):
     from distlab.models import GPTConfig, gpt_batch
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     for step in range(first, first + n):
         T.train_step(trainer, gpt_batch(8, GPTConfig(layers=1), seed=step), T.lm_loss)
 
 
 def _state(trainer):
-    from distlab.parallel.checkpoint import full_state
+    from distlab.parallel.checkpoint.data_parallel import full_state
 
     state = full_state(trainer.model, trainer.optimizer)
     return {"params": state["params"], "optimizer": state["optimizer"]}
@@ -187,8 +187,8 @@ def _save_and_die(rank, world_size, folder, target, when, victim):
 
     import torch.distributed.checkpoint as dcp
 
-    from distlab.parallel import checkpoint_files as files
     from distlab.parallel import load_sharded, save_sharded
+    from distlab.parallel.checkpoint import files
 
     trainer = _trainer(seed=7)
     load_sharded(f"{folder}/step-2", trainer.model, trainer.optimizer)
@@ -285,7 +285,7 @@ def test_latest_checkpoint_and_read_commit_errors(tmp_path):
     (tmp_path / "step-9").mkdir()
     (tmp_path / "step-x").mkdir()
     assert latest_checkpoint(tmp_path) is None
-    from distlab.parallel.checkpoint_files import read_commit
+    from distlab.parallel.checkpoint.files import read_commit
 
     with pytest.raises(CheckpointError, match="does not exist"):
         read_commit(tmp_path / "nowhere")

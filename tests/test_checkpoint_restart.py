@@ -1,7 +1,7 @@
 """Restarting from the newest checkpoint that verifies, and a commit whose data folder is gone.
 
 The checkpoints here are small committed folders written with the commit machinery of
-:mod:`distlab.parallel.checkpoint_files` (a data folder of a few files, each file's size
+:mod:`distlab.parallel.checkpoint.files` (a data folder of a few files, each file's size
 and SHA-256 in ``COMMIT.json``): verification reads only those, whatever the files hold.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import distlab
-from distlab.parallel import checkpoint_files as files
-from distlab.parallel.checkpoint import (
+from distlab.parallel.checkpoint import files
+from distlab.parallel.checkpoint.data_parallel import (
     CheckpointError,
     CheckpointWarning,
     latest_checkpoint,

@@ -22,7 +22,7 @@ equal its slice of the single-process model, the slices cover the whole model,
 and each group the layout uses carried bytes.
 
 MoE routing: each micro-batch of each replica is one routing group, so the
-reference routes the batch in ``dp * m`` slices (:class:`~distlab.parallel.moe_gpt.GroupedMoE`).
+reference routes the batch in ``dp * m`` slices (:class:`~distlab.parallel.moe.gpt.GroupedMoE`).
 With cp > 1 a rank routes its part of each sequence, which no batch slicing of the
 reference reproduces; the four-axis case therefore uses a capacity that drops no
 token (capacity_factor = E / top_k), where routing is per token and grouping cannot matter.
@@ -90,7 +90,7 @@ def make_model(config: GPTConfig, moe: dict | None, routing_groups: int = 1) -> 
     """The plain model every rank starts from (and the reference, with its routing groups)."""
     if moe is None:
         return GPT(config, seed=0)
-    from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
+    from distlab.parallel.moe.gpt import MoEConfig, MoEGPT
 
     return MoEGPT(config, MoEConfig(num_experts=4, **moe), seed=0, routing_groups=routing_groups)
 
@@ -125,7 +125,7 @@ def single_process(layout: Layout, config: GPTConfig, moe: dict | None):
 def dense_slice(name: str, dense: dict, run, layout: Layout, config: GPTConfig, moe):
     """The part of the single-process model's parameter that ``run``'s rank holds as ``name``."""
     from distlab.parallel.compose import dense_shard
-    from distlab.parallel.moe_gpt import dense_expert_name
+    from distlab.parallel.moe.gpt import dense_expert_name
 
     if moe is not None:
         name = dense_expert_name(name, run.coordinates["ep"], 4 // layout.ep)
@@ -332,7 +332,7 @@ def test_moe_balancing_loss_trains_every_pipeline_stage():
     (the executor's side loss), so the first stage's routers get that gradient too, as
     in one process; the loss reported (summed over the stages) equals the one process's."""
     from distlab.parallel.compose import OPTIMIZERS
-    from distlab.parallel.moe_gpt import aux_loss
+    from distlab.parallel.moe.gpt import aux_loss
 
     layout, aux_weight = Layout(pp=2, dp=2, ep=2, micro_batches=2), 0.5
     torch_class, kwargs, _ = OPTIMIZERS[OPTIMIZER]

@@ -3,7 +3,7 @@
 Before this check, one rank with another batch trained silently wrong, one with another
 learning rate was accepted, and one with another layout or step count hung until the
 launcher's timeout. Now every rank raises the same ``ValueError`` naming what differs,
-before any process group is built (:func:`distlab.parallel.agreement.check_same_across_ranks`).
+before any process group is built (:func:`distlab.parallel.comm.agreement.check_same_across_ranks`).
 
 One 2-process job runs every case in turn (an agreement error leaves the ranks in step,
 so the next ``train`` call can start): in each case rank 1 changes one argument and both
@@ -12,7 +12,7 @@ cases train to other losses without a word and the steps case hangs. Two more jo
 that agree train as one process on the whole batch, and an uncaught disagreement ends the
 job with ``distlab.run``'s ``RankError`` for the ``ValueError``, not a
 ``LaunchTimeoutError``. How the error reads on more ranks is checked without processes
-(:func:`~distlab.parallel.agreement.first_difference`).
+(:func:`~distlab.parallel.comm.agreement.first_difference`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import distlab
 from distlab.core.layout import Layout
 from distlab.models import GPT, GPTConfig, gpt_batch
-from distlab.parallel.agreement import check_same_across_ranks, describe, first_difference
+from distlab.parallel.comm.agreement import check_same_across_ranks, describe, first_difference
 
 CONFIG = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=2)
 BATCH, STEPS, LR = 8, 2, 0.1

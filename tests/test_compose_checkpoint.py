@@ -70,7 +70,7 @@ def _train(rank, world_size, layout, config, optimizer, lr, steps, options, capa
     if capacity is None:
         model = GPT(config, seed=0)
     else:  # MoE blocks, experts over ep
-        from distlab.parallel.moe_gpt import MoEConfig, MoEGPT
+        from distlab.parallel.moe.gpt import MoEConfig, MoEGPT
 
         model = MoEGPT(config, MoEConfig(num_experts=4, capacity_factor=capacity), seed=0)
     return train(model, layout, tokens, targets, steps=steps, lr=lr, optimizer=optimizer, **options)
@@ -185,7 +185,7 @@ def test_each_dense_tensor_is_stored_once(saved):
 def _bad_inputs(rank, world_size, good, scratch):
     torch.set_num_threads(1)
     from distlab.models import GPT
-    from distlab.parallel import checkpoint_files
+    from distlab.parallel.checkpoint import files as checkpoint_files
     from distlab.parallel.compose import make_optimizer, parallelize
     from distlab.parallel.compose.checkpoint import load_checkpoint, save_checkpoint
 

@@ -54,7 +54,7 @@ FP16_CASES = {
 def _train(rank, world_size, layout, config, moe, precision):
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
-    from distlab.parallel.mixed_precision import DynamicLossScaler
+    from distlab.parallel.precision.mixed_precision import DynamicLossScaler
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
     scaler = DynamicLossScaler(FP16_INIT_SCALE) if precision == "fp16" else None
@@ -67,7 +67,7 @@ def one_process(layout: Layout, config, moe, dtype: torch.dtype | None):
     """The losses and skipped steps of one process on the whole batch: fp32, or autocast to
     ``dtype`` (fp16 with a dynamic loss scale, written out here as the oracle)."""
     from distlab.parallel.compose import OPTIMIZERS
-    from distlab.parallel.mixed_precision import DynamicLossScaler, grads_are_finite
+    from distlab.parallel.precision.mixed_precision import DynamicLossScaler, grads_are_finite
 
     torch_class, kwargs, _ = OPTIMIZERS[OPTIMIZER]
     groups = layout.dp * layout.micro_batches if layout.cp == 1 else 1
@@ -160,7 +160,7 @@ def first_run(steps: list[int]) -> list[int]:
 def test_precision_and_loss_scaler_are_checked_by_name():
     from distlab.models import GPT
     from distlab.parallel.compose import train
-    from distlab.parallel.mixed_precision import DynamicLossScaler
+    from distlab.parallel.precision.mixed_precision import DynamicLossScaler
 
     model, config = GPT(CASES["tp2_cp2_dp2"][1]), CASES["tp2_cp2_dp2"][1]
     tokens, targets = gpt_batch(BATCH, config, seed=1)
@@ -174,7 +174,7 @@ def test_precision_and_loss_scaler_are_checked_by_name():
 def _fp16_with_checkpoint(rank, world_size, layout, config, steps, options):
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
-    from distlab.parallel.mixed_precision import DynamicLossScaler
+    from distlab.parallel.precision.mixed_precision import DynamicLossScaler
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
     scaler = DynamicLossScaler(FP16_INIT_SCALE, growth_interval=2)  # grows between saves

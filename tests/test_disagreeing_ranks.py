@@ -69,7 +69,7 @@ Current thread 0x02 (most recent call first):
   File "/site/torch/distributed/distributed_c10d.py", line 5 in recv
   File "/src/distlab/collectives/executor.py", line 88 in execute
   File "/src/distlab/collectives/ring.py", line 40 in ring_all_reduce
-  File "/src/distlab/parallel/ddp.py", line 70 in sync
+  File "/src/distlab/parallel/data/ddp.py", line 70 in sync
   File "<cell>", line 3 in my_fn
   File "/src/distlab/launch/worker.py", line 200 in _run_job
   File "/src/distlab/launch/worker.py", line 80 in _worker_main

@@ -100,7 +100,7 @@ def _link_bandwidths():
 
 # ---------------------------------------------------------------- nb04, nb07 ---
 def _step_trace():
-    from distlab.parallel.trace import BucketTimes, StepTrace
+    from distlab.parallel.data.step_trace import BucketTimes, StepTrace
     from distlab.viz import overlap_plots
 
     buckets = [BucketTimes(i, 2**20, 0.004 + 0.002 * i, 0.0045 + 0.002 * i, 0.006 + 0.002 * i)

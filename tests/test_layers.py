@@ -48,6 +48,20 @@ FLOORS = {
     9: ("distlab.commands", "distlab.cli", "distlab"),
 }
 
+#: the families of ``distlab.parallel`` (floor 5), each a folder, on floors of their own:
+#: a family imports only families on lower floors (inside a family, modules import each
+#: other freely, without loops). ``""`` is the package face, ``distlab.parallel`` itself,
+#: with ``moved`` (the module paths from before the families).
+FAMILY_FLOORS = {
+    0: ("comm",),
+    1: ("precision", "context", "pipeline"),
+    2: ("zero", "tensor"),
+    3: ("data", "moe", "checkpoint", "sharding"),
+    4: ("compose",),
+    5: ("moved",),
+    6: ("",),
+}
+
 _TORCH_RUNNER = (
     "the module's schedule builders are pure Python (the simulator, the calculators and the "
     "plots import them); its runner loads torch through the api only when a collective runs"
@@ -212,6 +226,58 @@ def test_deferred_imports_are_only_the_listed_ones():
 def test_every_module_has_a_floor():
     for name in modules():
         assert floor(name) in FLOORS
+
+
+def family(module: str) -> str:
+    """``distlab.parallel.zero.fsdp`` -> ``"zero"``; ``distlab.parallel`` -> ``""``."""
+    return module.split(".")[2] if module.count(".") >= 2 else ""
+
+
+def family_floor(name: str) -> int:
+    return next(f for f, names in FAMILY_FLOORS.items() if name in names)
+
+
+def test_parallel_modules_live_in_families():
+    """No flat room: beside its families, ``distlab/parallel`` holds only its face."""
+    loose = [
+        name
+        for name, path in modules().items()
+        if name.startswith("distlab.parallel.")
+        and path.parent == ROOT / "distlab" / "parallel"
+        and family(name) != "moved"
+    ]
+    assert not loose, f"modules of distlab.parallel outside any family: {loose}"
+    for name in modules():
+        if name.startswith("distlab.parallel"):
+            assert any(family(name) in names for names in FAMILY_FLOORS.values()), (
+                f"{name} is in family {family(name)!r}, which FAMILY_FLOORS does not place"
+            )
+
+
+def test_families_import_only_lower_families():
+    upward = [
+        f"{a} ({family(a)}, floor {family_floor(family(a))}) line {line} imports {b} "
+        f"({family(b)}, floor {family_floor(family(b))})"
+        for a, b, _, line in edges()
+        if a.startswith("distlab.parallel")
+        and b.startswith("distlab.parallel")
+        and family(a) != family(b)
+        and family_floor(family(b)) >= family_floor(family(a))
+    ]
+    assert not upward, "imports between families that do not run down:\n" + "\n".join(upward)
+
+
+def test_each_family_says_what_is_inside():
+    """A family's docstring names each of its modules (what it is, in reading order)."""
+    folder = ROOT / "distlab" / "parallel"
+    for package in sorted(p.parent for p in folder.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        unnamed = [
+            p.stem
+            for p in sorted(package.glob("*.py"))
+            if p.stem != "__init__" and p.stem not in doc
+        ]
+        assert not unnamed, f"{package.name}/__init__.py does not name {unnamed}"
 
 
 def _print_map() -> None:

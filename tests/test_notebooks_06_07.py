@@ -186,8 +186,8 @@ def test_notebook_07_runs_context_parallelism_and_tp_dropout_from_the_library():
     nb = nbformat.read(NOTEBOOKS["07-tensor-and-sequence-parallelism"], as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     for module, names in {
-        "distlab.parallel.ulysses": ("Ulysses", "ulysses_attention"),
-        "distlab.parallel.context_gather": ("KVGather", "all_gather_attention"),
+        "distlab.parallel.context.ulysses": ("Ulysses", "ulysses_attention"),
+        "distlab.parallel.context.gather": ("KVGather", "all_gather_attention"),
         "distlab.parallel.tensor.rng": ("RNGTracker", "tensor_parallel_masks"),
     }.items():
         imported = re.search(rf"from {re.escape(module)} import ([^\n]+)", code)

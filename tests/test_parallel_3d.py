@@ -13,7 +13,7 @@ steps of SGD with momentum over 2 micro-batches per replica:
 
 The losses must equal single-process training on the whole batch with the
 same optimizer, and every rank's final parameters must equal its slice
-(:func:`distlab.parallel.three_d.dense_shard`) of the single-process model.
+(:func:`distlab.parallel.compose.three_d.dense_shard`) of the single-process model.
 Tolerance ``rtol=1e-5``: micro-batches, data-parallel halves and
 tensor-parallel partial sums add in another order than one dense step.
 (Adam is not used here: it divides by sqrt(v), so an element whose gradient
@@ -49,7 +49,7 @@ LAUNCH_SECONDS: dict[str, float] = {}  # wall time of each 8-process launch
 
 def _train(rank, world_size, tp, pp, dp, config, options):
     torch.set_num_threads(1)
-    from distlab.parallel.three_d import train_3d
+    from distlab.parallel.compose.three_d import train_3d
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
     return train_3d(
@@ -222,7 +222,7 @@ def test_bad_degrees_name_the_value(degrees, config, message):
 )
 def test_bad_options_name_the_value(options, message):
     """train_3d's options end before any process group is needed, naming the value."""
-    from distlab.parallel.three_d import train_3d
+    from distlab.parallel.compose.three_d import train_3d
 
     kwargs = {"optimizer": "sgd", "zero_stage": 0, "schedule": "1f1b", "pp": 2, "micro_batches": 2}
     kwargs = {**kwargs, **options}

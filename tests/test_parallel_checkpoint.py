@@ -43,7 +43,7 @@ def _setup(method, options, model_seed):
 
     from distlab.models import GPT, GPTConfig
     from distlab.parallel import DynamicLossScaler, MixedPrecisionPolicy
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     torch.set_num_threads(1)
     model = GPT(GPTConfig(layers=1, dropout=0.1), seed=model_seed)
@@ -59,14 +59,14 @@ def _setup(method, options, model_seed):
 
 def _steps(trainer, first_step, n):
     from distlab.models import GPTConfig, gpt_batch
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     for step in range(first_step, first_step + n):
         T.train_step(trainer, gpt_batch(8, GPTConfig(layers=1), seed=step), T.lm_loss)
 
 
 def _state(trainer):
-    from distlab.parallel.checkpoint import full_state
+    from distlab.parallel.checkpoint.data_parallel import full_state
 
     state = full_state(trainer.model, trainer.optimizer)
     out = {"params": state["params"], "optimizer": state["optimizer"]}
@@ -82,7 +82,7 @@ def _model_weights(model) -> dict:
     import torch
 
     from distlab.parallel import FSDP
-    from distlab.parallel.flat import named_parameter_index
+    from distlab.parallel.zero.flat import named_parameter_index
 
     if not isinstance(model, FSDP):
         return {n: p.detach().clone() for n, p in model.module.named_parameters()}

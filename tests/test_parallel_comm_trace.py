@@ -34,8 +34,8 @@ from distlab.calc.transformer import model_preset, rank_parameter_tensors
 from distlab.core.layout import Layout
 from distlab.core.pipeline_schedule import build, with_communication
 from distlab.models import GPT, GPTConfig
-from distlab.parallel.buckets import assign_buckets, bucket_cap_bytes, trainable_parameters
-from distlab.parallel.flat import FlatGroup
+from distlab.parallel.comm.buckets import assign_buckets, bucket_cap_bytes, trainable_parameters
+from distlab.parallel.zero.flat import FlatGroup
 from distlab.sim.topology import preset
 
 CONFIG = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=2)
@@ -44,19 +44,19 @@ TP, PP, DP, M, BATCH = 2, 2, 2, 2, 8
 
 @pytest.fixture(scope="module")
 def calls():
-    from distlab.parallel.comm_table import _traced_step
+    from distlab.parallel.compose.traffic import _traced_step
 
     return distlab.run(_traced_step, 8, args=(CONFIG, TP, PP, DP, BATCH, M), timeout=180)
 
 
 def _predicted():
-    from distlab.parallel.comm_table import predicted_three_d
+    from distlab.parallel.compose.traffic import predicted_three_d
 
     return predicted_three_d(CONFIG, tp=TP, pp=PP, dp=DP, batch=BATCH, micro_batches=M)
 
 
 def test_every_modelled_row_matches_the_calculator(calls):
-    from distlab.parallel.comm_table import format_trace_table, trace_table
+    from distlab.parallel.compose.traffic import format_trace_table, trace_table
 
     rows = trace_table([c for r in calls for c in r], _predicted())
     table = format_trace_table(rows)
@@ -90,7 +90,7 @@ def test_each_rank_sends_what_three_d_comm_predicts_for_its_stage(calls):
 
 
 def test_dropping_or_doubling_one_call_breaks_the_match(calls):
-    from distlab.parallel.comm_table import trace_table
+    from distlab.parallel.compose.traffic import trace_table
 
     flat = [c for r in calls for c in r]
     for i in (0, len(flat) // 2, len(flat) - 1):
@@ -152,14 +152,14 @@ def test_count_traffic_nests():
 
 
 def test_no_trace_costs_nothing():
-    from distlab.parallel.comm_trace import _IDLE, traced
+    from distlab.parallel.comm.trace import _IDLE, traced
 
     assert traced("all_reduce", None, torch.zeros(1)) is _IDLE
 
 
 def _moe_step(rank, world_size):
-    from distlab.parallel.comm_trace import trace_comm
-    from distlab.parallel.moe import ExpertParallelMoE, MoE
+    from distlab.parallel.comm.trace import trace_comm
+    from distlab.parallel.moe.layer import ExpertParallelMoE, MoE
 
     dense = MoE(8, 16, 4, top_k=1, capacity_factor=1.0)
     layer = ExpertParallelMoE.from_dense(dense)
@@ -198,7 +198,7 @@ def _flat_group_sizes(mesh, chunks: int, bucket_cap_mb: float) -> list[int]:
     from distlab.models import GPT
     from distlab.parallel.compose import cut_stage
     from distlab.parallel.tensor import ParallelGPT, TensorParallelComm
-    from distlab.parallel.zero import ZeroOptimizer
+    from distlab.parallel.zero.optimizer import ZeroOptimizer
 
     gpt = ParallelGPT(GPT(CONFIG4, seed=0), TensorParallelComm(group=mesh["tp"]))
     schedule = build("interleaved" if chunks > 1 else "1f1b", PP, M, chunks=chunks)
@@ -210,8 +210,8 @@ def _flat_group_sizes(mesh, chunks: int, bucket_cap_mb: float) -> list[int]:
 
 
 def _zero_and_interleaved(rank, world_size):
-    from distlab.parallel.comm_table import _traced_step
-    from distlab.parallel.mesh import build_mesh
+    from distlab.parallel.compose.mesh import build_mesh
+    from distlab.parallel.compose.traffic import _traced_step
 
     traced = {
         name: _traced_step(rank, world_size, CONFIG4, TP, PP, DP, BATCH, M, options)
@@ -228,7 +228,7 @@ def zero_and_interleaved():
 
 
 def _predicted_for(zero_stage: int, chunks: int):
-    from distlab.parallel.comm_table import predicted_three_d
+    from distlab.parallel.compose.traffic import predicted_three_d
 
     return predicted_three_d(CONFIG4, tp=TP, pp=PP, dp=DP, batch=BATCH, micro_batches=M,
                              zero_stage=zero_stage, chunks=chunks)  # fmt: skip
@@ -237,7 +237,7 @@ def _predicted_for(zero_stage: int, chunks: int):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", OPTIONS)
 def test_zero1_and_interleaved_steps_match_the_calculator(zero_and_interleaved, name):
-    from distlab.parallel.comm_table import format_trace_table, trace_table
+    from distlab.parallel.compose.traffic import format_trace_table, trace_table
 
     calls = [c for traced, _ in zero_and_interleaved for c in traced[name]]
     zero_stage, chunks = OPTIONS[name]["zero_stage"], OPTIONS[name].get("chunks", 1)

@@ -19,7 +19,7 @@ import torch
 import distlab
 from distlab.calc.comm import context_parallel_gather_comm, context_parallel_kv_bytes
 from distlab.models import GPTBlock
-from distlab.parallel.context import dense_causal_attention, local_positions
+from distlab.parallel.context.ring import dense_causal_attention, local_positions
 
 B, A, S, D = 2, 3, 16, 8
 
@@ -43,8 +43,13 @@ def block_inputs():
 
 def _worker(rank, world_size):
     torch.set_num_threads(1)
-    from distlab.parallel.context import ContextParallelBlock, Ring, ring_attention, split_sequence
-    from distlab.parallel.context_gather import KVGather
+    from distlab.parallel.context.gather import KVGather
+    from distlab.parallel.context.ring import (
+        ContextParallelBlock,
+        Ring,
+        ring_attention,
+        split_sequence,
+    )
 
     out = {}
     for method, split in [(m, s) for m in ("ring", "gather") for s in ("contiguous", "zigzag")]:
@@ -152,7 +157,7 @@ def test_zigzag_balances_the_causal_work(cp):
 
 
 def _bad(rank, world_size):
-    from distlab.parallel.context import Ring, ring_attention
+    from distlab.parallel.context.ring import Ring, ring_attention
 
     try:
         q = torch.zeros(1, 1, 5, 4)
@@ -183,8 +188,8 @@ def test_context_parallel_block_equals_dense_block(cp, key, split):
 
 
 def _traced(rank, world_size):
-    from distlab.parallel.comm_trace import trace_comm
-    from distlab.parallel.context import Ring, ring_attention, split_sequence
+    from distlab.parallel.comm.trace import trace_comm
+    from distlab.parallel.context.ring import Ring, ring_attention, split_sequence
 
     ring = Ring()
     q, k, v, grad = (split_sequence(t, 2, world_size, rank, "contiguous") for t in inputs())

@@ -14,7 +14,7 @@ from distlab.parallel import (
     shard_batch,
     shard_indices,
 )
-from distlab.parallel.training import mse_loss
+from distlab.parallel.data.training import mse_loss
 
 matplotlib.use("Agg")
 
@@ -83,7 +83,7 @@ def test_buckets_are_cut_like_pytorch_ddp():
     import torch.distributed as dist
 
     from distlab.models import GPT, MLP, GPTConfig
-    from distlab.parallel.buckets import assign_buckets, trainable_parameters
+    from distlab.parallel.comm.buckets import assign_buckets, trainable_parameters
 
     for model in (MLP(seed=0), GPT(GPTConfig(), seed=0)):
         params = trainable_parameters(model)[::-1]
@@ -100,7 +100,7 @@ def test_buckets_are_cut_like_pytorch_ddp():
 
 
 def test_bucket_cap_is_counted_in_mib_like_ddp():
-    from distlab.parallel.buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes
+    from distlab.parallel.comm.buckets import DEFAULT_BUCKET_CAP_MB, bucket_cap_bytes
 
     assert DEFAULT_BUCKET_CAP_MB == 25
     assert bucket_cap_bytes(25) == 25 * 1024 * 1024
@@ -143,7 +143,7 @@ def _ddp_worker(rank, world_size):
     from distlab.models import MLP, mlp_batch
     from distlab.parallel import BucketedDDP, NaiveDDP, accumulate_gradients, gradient_scale_error
     from distlab.parallel import shard_batch as shard
-    from distlab.parallel.training import mse_loss as loss_fn
+    from distlab.parallel.data.training import mse_loss as loss_fn
 
     out = {}
     # 1. Construction broadcasts rank 0's parameters and buffers.
@@ -282,13 +282,13 @@ def _timing_worker(rank, world_size):
     import torch
 
     torch.set_num_threads(1)
-    from distlab.parallel.ddp_timing import time_ddp_variants
+    from distlab.parallel.data.ddp_timing import time_ddp_variants
 
     return time_ddp_variants(rank, world_size, **TIMING)
 
 
 def test_naive_and_bucketed_ddp_are_timed_side_by_side():
-    from distlab.parallel.ddp_timing import VARIANTS, format_table, summarise
+    from distlab.parallel.data.ddp_timing import VARIANTS, format_table, summarise
     from distlab.viz.overlap_plots import plot_step_times
 
     per_rank = distlab.run(_timing_worker, 2, timeout=120)

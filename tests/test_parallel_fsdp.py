@@ -60,7 +60,7 @@ def _models():
     import torch
 
     from distlab.models import GPT, MLP, GPTBlock, GPTConfig, gpt_batch, mlp_batch
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     gpt_config = GPTConfig(layers=1)
     sgd = {"optimizer_class": torch.optim.SGD, "lr": 0.2, "momentum": 0.9}
@@ -98,8 +98,8 @@ def _reference(make, batch_fn, loss_fn, options, world_size, *, parts: bool):
 
 
 def _fp32_parity(world_size):
-    from distlab.parallel import training as T
-    from distlab.parallel.checkpoint import full_state
+    from distlab.parallel.checkpoint.data_parallel import full_state
+    from distlab.parallel.data import training as T
 
     out = {}
     for model_name, (make, batch_fn, loss_fn, options, unit) in _models().items():
@@ -126,8 +126,8 @@ def _mixed_runs(world_size):
     from distlab.collectives import count_traffic
     from distlab.models import MLP, mlp_batch
     from distlab.parallel import DynamicLossScaler, measure_model_state
-    from distlab.parallel import training as T
-    from distlab.parallel.checkpoint import full_state
+    from distlab.parallel.checkpoint.data_parallel import full_state
+    from distlab.parallel.data import training as T
 
     out = {}
     for dtype in (torch.bfloat16, torch.float16):
@@ -174,8 +174,8 @@ def _overflow_on_one_rank(rank, world_size):
 
     from distlab.models import MLP, mlp_batch
     from distlab.parallel import DynamicLossScaler, shard_batch
-    from distlab.parallel import training as T
-    from distlab.parallel.mixed_precision import grads_are_finite
+    from distlab.parallel.data import training as T
+    from distlab.parallel.precision.mixed_precision import grads_are_finite
 
     policy = MixedPrecisionPolicy(param_dtype=torch.float16)
     scaler = DynamicLossScaler(2.0**8)
@@ -204,7 +204,7 @@ def _single_process_gradients(world_size):
 
     from distlab.models import GPT, GPTConfig, gpt_batch
     from distlab.parallel import shard_batch
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     config = GPTConfig(layers=1)
     model = GPT(config, seed=1)
@@ -231,7 +231,7 @@ def _gradients_and_clipping(rank, world_size):
 
     from distlab.models import GPT, GPTBlock, GPTConfig, gpt_batch
     from distlab.parallel import FSDP, shard_batch
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     config = GPTConfig(layers=1)
     fsdp = FSDP(GPT(config, seed=1), wrap=(GPTBlock,))
@@ -305,8 +305,8 @@ def _fidelity(rank, world_size):
 
     from distlab.models import mlp_batch
     from distlab.parallel import FSDP, shard_batch
-    from distlab.parallel import training as T
-    from distlab.parallel.checkpoint import full_state
+    from distlab.parallel.checkpoint.data_parallel import full_state
+    from distlab.parallel.data import training as T
 
     out = {"original": {n: p.detach().clone() for n, p in _trained_mlp().named_parameters()}}
     policies = {"fp32": None, "fp16": MixedPrecisionPolicy(param_dtype=torch.float16)}

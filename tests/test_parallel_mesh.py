@@ -10,7 +10,7 @@ from torch import nn
 import distlab
 from distlab.core.layout import Layout
 from distlab.core.ranks import coordinates
-from distlab.parallel.moe import MoE
+from distlab.parallel.moe.layer import MoE
 
 # dense degrees on 4 ranks; ep re-splits dp * cp
 CONFIGS = [
@@ -27,7 +27,7 @@ def _compare_with_device_mesh(rank, world_size):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from distlab.parallel.mesh import build_mesh
+    from distlab.parallel.compose.mesh import build_mesh
 
     results = []
     for degrees in CONFIGS:
@@ -82,7 +82,7 @@ def test_bad_degrees():
 
 
 def _bad_mesh(rank, world_size):
-    from distlab.parallel.mesh import build_mesh
+    from distlab.parallel.compose.mesh import build_mesh
 
     build_mesh(tp=3)
 
@@ -124,8 +124,8 @@ def _loss(model, step, rank):
 def _train_ep(rank, world_size):
     import torch.distributed as dist
 
-    from distlab.parallel.mesh import build_mesh
-    from distlab.parallel.moe import ExpertParallelMoE, average_moe_gradients
+    from distlab.parallel.compose.mesh import build_mesh
+    from distlab.parallel.moe.layer import ExpertParallelMoE, average_moe_gradients
 
     mesh = build_mesh(ep=2)  # dp = 4 for the dense layers, ep = 2 x expert_dp = 2
     model = TinyMoENet()

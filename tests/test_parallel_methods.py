@@ -74,8 +74,8 @@ def _worker(rank, world_size):
     from distlab.collectives import count_traffic
     from distlab.models import GPT, MLP, GPTBlock, GPTConfig, gpt_batch, mlp_batch
     from distlab.parallel import measure_model_state
-    from distlab.parallel import training as T
-    from distlab.parallel.checkpoint import full_state
+    from distlab.parallel.checkpoint.data_parallel import full_state
+    from distlab.parallel.data import training as T
 
     models = {
         "mlp": (lambda: MLP(seed=1), mlp_batch, T.mse_loss, {"lr": 1e-2}),

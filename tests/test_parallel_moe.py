@@ -15,7 +15,7 @@ import torch
 
 import distlab
 from distlab.calc.moe import expert_capacity, moe_all_to_all_comm
-from distlab.parallel.moe import MoE, route
+from distlab.parallel.moe.layer import MoE, route
 
 HIDDEN, FFN, EXPERTS, TOKENS = 6, 10, 4, 12
 AUX_WEIGHT = 0.1
@@ -35,7 +35,7 @@ def _loss(layer, x, weight):
 
 def _worker(rank, world_size):
     from distlab.collectives import count_traffic
-    from distlab.parallel.moe import ExpertParallelMoE
+    from distlab.parallel.moe.layer import ExpertParallelMoE
 
     results = []
     for top_k, algorithm, cf in CASES:
@@ -150,13 +150,13 @@ def test_bad_input():
     with pytest.raises(ValueError, match="capacity_factor"):
         MoE(4, 8, 4, capacity_factor=0)
     with pytest.raises(RuntimeError, match="no process group"):
-        from distlab.parallel.moe import ExpertParallelMoE
+        from distlab.parallel.moe.layer import ExpertParallelMoE
 
         ExpertParallelMoE.from_dense(MoE(4, 8, 4))
 
 
 def _not_divisible(rank, world_size):
-    from distlab.parallel.moe import ExpertParallelMoE
+    from distlab.parallel.moe.layer import ExpertParallelMoE
 
     ExpertParallelMoE.from_dense(MoE(4, 8, 3))
 
@@ -176,7 +176,7 @@ def one_thread():
 
 
 def test_balancing_loss_evens_the_load(one_thread):
-    from distlab.parallel.moe import load_balance_run
+    from distlab.parallel.moe.layer import load_balance_run
     from distlab.viz.moe_plots import plot_expert_load
 
     without = load_balance_run(aux_weight=0.0, steps=40)

@@ -207,7 +207,7 @@ def test_a_fp32_model_is_refused_and_cuda_is_only_used_when_present():
 
 def test_train_step_multiplies_the_loss_by_the_scalers_scale():
     """training.train_step with a loss-scaled optimizer does what the hand-written loop does."""
-    from distlab.parallel import training as T
+    from distlab.parallel.data import training as T
 
     batches = [mlp_batch(16, seed=s) for s in range(4)]
     trainer = T.build(
@@ -268,7 +268,7 @@ def test_a_model_with_sharded_gradients_decides_the_overflow_for_every_rank():
 
 
 def test_a_loss_scalers_state_round_trips_and_a_missing_key_is_named():
-    from distlab.parallel.mixed_precision import DynamicLossScaler
+    from distlab.parallel.precision.mixed_precision import DynamicLossScaler
 
     scaler = DynamicLossScaler(2.0**10, growth_interval=3)
     for found_inf in (True, False, False):

@@ -19,7 +19,7 @@ import torch
 import distlab
 from distlab.calc.moe import expert_capacity, moe_all_to_all_comm
 from distlab.models import GPTConfig, gpt_batch
-from distlab.parallel.moe_gpt import MoEConfig
+from distlab.parallel.moe.gpt import MoEConfig
 
 CONFIG = GPTConfig(vocab=30, seq_len=8, hidden=16, heads=4, layers=2)
 MOE = MoEConfig(num_experts=4, top_k=2, capacity_factor=1.0, every=2, ffn_hidden=24)
@@ -31,7 +31,7 @@ def _train(rank, world_size, tp, ep, dp, config, moe, bad_rank=None):
     torch.set_num_threads(1)
     from distlab.core.layout import Layout
     from distlab.parallel.compose import train
-    from distlab.parallel.moe_gpt import MoEGPT
+    from distlab.parallel.moe.gpt import MoEGPT
 
     tokens, targets = gpt_batch(6 if rank == bad_rank else BATCH, config, seed=1)
     model = MoEGPT(config, moe, seed=0)
@@ -41,7 +41,7 @@ def _train(rank, world_size, tp, ep, dp, config, moe, bad_rank=None):
 
 def _single_process():
     """The dense model on the whole batch, routed in dp groups; its losses and drops."""
-    from distlab.parallel.moe_gpt import MoEGPT, aux_loss, moe_layers
+    from distlab.parallel.moe.gpt import MoEGPT, aux_loss, moe_layers
 
     model = MoEGPT(CONFIG, MOE, seed=0, routing_groups=DP)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -87,7 +87,7 @@ def test_losses_equal_single_process(runs, reference):
 @pytest.mark.slow
 def test_every_rank_holds_its_slice_of_the_single_process_model(runs, reference):
     from distlab.parallel.compose import dense_shard
-    from distlab.parallel.moe_gpt import dense_expert_name
+    from distlab.parallel.moe.gpt import dense_expert_name
 
     model, _, _ = reference
     dense = dict(model.named_parameters())  # the tied head is tok.weight
@@ -159,8 +159,8 @@ def test_all_to_all_bytes_equal_calculator(runs):
 
 
 def test_grouped_moe_routes_each_group_on_its_own():
-    from distlab.parallel.moe import MoE
-    from distlab.parallel.moe_gpt import GroupedMoE
+    from distlab.parallel.moe.gpt import GroupedMoE
+    from distlab.parallel.moe.layer import MoE
 
     settings = {"top_k": 2, "capacity_factor": 1.0, "seed": 3}
     grouped = GroupedMoE(8, 12, 4, groups=2, **settings)
@@ -183,7 +183,7 @@ def test_grouped_moe_routes_each_group_on_its_own():
 
 @pytest.mark.parametrize("every, moe_blocks", [(1, [0, 1, 2, 3]), (2, [1, 3]), (4, [3])])
 def test_moe_blocks(every, moe_blocks):
-    from distlab.parallel.moe_gpt import GroupedMoE, MoEGPT, dense_expert_name, moe_layers
+    from distlab.parallel.moe.gpt import GroupedMoE, MoEGPT, dense_expert_name, moe_layers
 
     config = GPTConfig(vocab=30, seq_len=8, hidden=16, heads=4, layers=4)
     model = MoEGPT(config, MoEConfig(every=every), routing_groups=2)
@@ -208,7 +208,7 @@ def test_moe_blocks(every, moe_blocks):
 def test_bad_degrees_name_the_value(config, moe, degrees, message):
     from distlab.core.layout import Layout
     from distlab.parallel.compose import check_model
-    from distlab.parallel.moe_gpt import MoEGPT
+    from distlab.parallel.moe.gpt import MoEGPT
 
     tp, ep, dp = degrees
     with pytest.raises(ValueError, match=message):
@@ -225,7 +225,7 @@ def test_bad_degrees_name_the_value(config, moe, degrees, message):
 def test_bad_training_settings(settings, message):
     from distlab.core.layout import Layout
     from distlab.parallel.compose import train
-    from distlab.parallel.moe_gpt import MoEGPT
+    from distlab.parallel.moe.gpt import MoEGPT
 
     tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
     options = {"steps": 1, "lr": LR, **settings}

@@ -18,7 +18,7 @@ import torch
 import distlab
 from distlab.calc.comm import context_parallel_kv_bytes, ulysses_comm
 from distlab.models import GPTBlock
-from distlab.parallel.context import dense_causal_attention, local_positions
+from distlab.parallel.context.ring import dense_causal_attention, local_positions
 
 B, A, S, D = 2, 4, 16, 8
 
@@ -42,9 +42,9 @@ def block_inputs():
 def _worker(rank, world_size):
     torch.set_num_threads(1)
     from distlab.collectives import count_traffic
-    from distlab.parallel.comm_trace import trace_comm
-    from distlab.parallel.context import ContextParallelBlock, split_sequence
-    from distlab.parallel.ulysses import Ulysses, ulysses_attention
+    from distlab.parallel.comm.trace import trace_comm
+    from distlab.parallel.context.ring import ContextParallelBlock, split_sequence
+    from distlab.parallel.context.ulysses import Ulysses, ulysses_attention
 
     out = {}
     for split in ("contiguous", "zigzag"):
@@ -137,8 +137,8 @@ def test_ulysses_block_equals_dense_block(n):
 
 
 def _bad_heads(rank, world_size):
-    from distlab.parallel.context import ContextParallelBlock
-    from distlab.parallel.ulysses import Ulysses, ulysses_attention
+    from distlab.parallel.context.ring import ContextParallelBlock
+    from distlab.parallel.context.ulysses import Ulysses, ulysses_attention
 
     errors = []
     cp = Ulysses()

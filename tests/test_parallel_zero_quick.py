@@ -20,8 +20,8 @@ def _train(rank, world_size):
     torch.set_num_threads(1)
     from distlab.models import MLP, mlp_batch
     from distlab.parallel import measure_model_state
-    from distlab.parallel import training as T
-    from distlab.parallel.checkpoint import full_state
+    from distlab.parallel.checkpoint.data_parallel import full_state
+    from distlab.parallel.data import training as T
 
     out = {}
     for method in ("naive_ddp", "zero1", "zero2"):

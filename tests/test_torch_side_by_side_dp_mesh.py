@@ -8,7 +8,7 @@
   ring against gloo's), and dividing by 3 rounds, so they may differ by a rounding step.
 * Torch's DDP all-reduces one bucket of every gradient in its first step, then the
   buckets it rebuilt from the order gradients arrived: from step 2 on, the same buckets
-  as distlab's (``distlab.parallel.buckets``, PyTorch's size rule). Torch's all-reduces
+  as distlab's (``distlab.parallel.comm.buckets``, PyTorch's size rule). Torch's all-reduces
   are counted with a comm hook that calls torch's default all-reduce hook.
 * ``torch.distributed.device_mesh.init_device_mesh`` forms the same process groups as
   distlab's rank grid (``rank_groups``, ``Layout``) when the dimensions are named
@@ -58,7 +58,7 @@ def _side_by_side(rank, world_size, ddp_name):
     from distlab import parallel
     from distlab.collectives import count_traffic
     from distlab.models import MLP, mlp_batch
-    from distlab.parallel.training import mse_loss
+    from distlab.parallel.data.training import mse_loss
 
     torch.set_num_threads(1)
     models = {name: MLP(seed=rank) for name in ("distlab", "torch", "torch counted")}

@@ -37,8 +37,8 @@ def _side_by_side(rank, world_size, param_dtype):
 
     from distlab.models import GPT, GPTBlock, GPTConfig, gpt_batch
     from distlab.parallel import FSDP, MixedPrecisionPolicy, shard_batch
-    from distlab.parallel.checkpoint import full_state
-    from distlab.parallel.training import lm_loss
+    from distlab.parallel.checkpoint.data_parallel import full_state
+    from distlab.parallel.data.training import lm_loss
 
     torch.set_num_threads(1)
     config = GPTConfig(layers=2)

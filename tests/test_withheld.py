@@ -165,7 +165,7 @@ def test_a_failing_check_that_also_ran_the_reference_says_so():
 
 
 def test_a_withheld_class_covers_every_method_and_a_subclass_calling_saved_originals():
-    from distlab.parallel.mixed_precision import DynamicLossScaler
+    from distlab.parallel.precision.mixed_precision import DynamicLossScaler
 
     saved_update = DynamicLossScaler.update
 

@@ -1,8 +1,8 @@
 """How gradients are cut into buckets: the rules distlab's DDP and ZeRO apply, as numbers.
 
 PyTorch's DDP (Li et al. 2020, Section 3.2.2) fills a bucket until it holds at
-least ``bucket_cap_mb`` MiB and then starts the next; :mod:`distlab.parallel.buckets`
-and :class:`distlab.parallel.zero.ZeroOptimizer` cut parameters with
+least ``bucket_cap_mb`` MiB and then starts the next; :mod:`distlab.parallel.comm.buckets`
+and :class:`distlab.parallel.zero.optimizer.ZeroOptimizer` cut parameters with
 :func:`bucket_indices`, and :func:`zero_flat_groups` gives the padded flat groups
 ZeRO builds from them (which :mod:`distlab.calc.three_d` counts). Pure Python.
 """
@@ -51,13 +51,13 @@ def zero_flat_groups(
     bytes_per_element: int,
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
 ) -> list[int]:
-    """Padded sizes (elements) of the flat groups :class:`distlab.parallel.zero.ZeroOptimizer`
+    """Padded sizes (elements) of the flat groups :class:`distlab.parallel.zero.optimizer.ZeroOptimizer`
     builds from parameters of ``tensor_elements`` (in ``model.parameters()`` order).
 
     The parameters are cut into buckets in reverse order (:func:`bucket_indices`,
     ``bucket_cap_mb`` MiB), and each bucket's Ψ_g elements are padded to
     ``dp * ceil(Ψ_g / dp)``, so that the dp shards are equal
-    (:mod:`distlab.parallel.flat`; Rajbhandari et al. 2020, Section 5).
+    (:mod:`distlab.parallel.zero.flat`; Rajbhandari et al. 2020, Section 5).
     """
     k = positive_int("dp", dp)
     bpe = positive_int("bytes_per_element", bytes_per_element)

@@ -273,7 +273,7 @@ def context_parallel_comm(
       does. Its backward passes K and V round again, a third pass: ``3 (cp-1)`` messages
       per layer and micro-batch.
     * ``True``: a ring that keeps every block it receives for backward, as distlab's
-      :mod:`distlab.parallel.context` does (plain autograd): no second pass of K/V,
+      :mod:`distlab.parallel.context.ring` does (plain autograd): no second pass of K/V,
       ``2 (cp-1)`` messages, the bytes of :func:`context_parallel_gather_comm`.
 
     Convention: each pass counts the ``cp - 1`` hops a block needs to visit every rank.
@@ -320,7 +320,7 @@ def context_parallel_gather_comm(
     micro_batches: int = 1,
     bytes_per_element: int = 2,
 ) -> CommVolume:
-    """All-gather context parallelism's traffic (Llama 3; :mod:`distlab.parallel.context_gather`).
+    """All-gather context parallelism's traffic (Llama 3; :mod:`distlab.parallel.context.gather`).
 
     ``seq_len`` is the tokens one rank holds, as in :func:`context_parallel_comm`.
     Each layer all-gathers every rank's K and V (a buffer of ``cp x 2 b s h``
@@ -354,7 +354,7 @@ def ulysses_comm(
     bytes_per_element: int = 2,
 ) -> CommVolume:
     """DeepSpeed-Ulysses' all-to-all traffic (Jacobs et al. 2023, Section 3.2;
-    :mod:`distlab.parallel.ulysses`).
+    :mod:`distlab.parallel.context.ulysses`).
 
     ``seq_len`` is the tokens one rank holds. Each layer runs four all-to-alls in
     the forward (Q, K and V to head groups, the output back to tokens) and four in

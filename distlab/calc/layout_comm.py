@@ -4,7 +4,7 @@ The mirror of :func:`distlab.parallel.compose.train` without torch: one formula 
 parallelism, each from :mod:`distlab.calc.comm`, :mod:`distlab.calc.moe` or
 :mod:`distlab.calc.buckets`, composed for whatever degrees the layout sets.
 :func:`layout_comm` returns, for one rank, a :class:`~distlab.calc.volume.CommVolume`
-per group name, named as :func:`distlab.parallel.comm_trace.trace_comm` names the
+per group name, named as :func:`distlab.parallel.comm.trace.trace_comm` names the
 group (the first name of :data:`distlab.core.ranks.GROUP_NAMES` whose rank list it
 has: with dp = 1 the dp-cp reduction is ``"cp"``, with cp = 1 it is ``"dp"``), so
 ``.total`` of each equals the wire bytes ``ComposedRun.bytes_by_group`` records
@@ -28,7 +28,7 @@ layers split into dense and MoE ones (:func:`rank_modules`):
   blocks and backward K/V gradients, ``2 b s_c h/tp`` elements per message (the ring
   runs on the rank's h/tp head features), ``cp - 1`` of each per layer and micro-batch.
   Its third part, the K/V blocks passed round again in backward, is left out:
-  distlab's ring (:func:`~distlab.parallel.context.ring_attention`) keeps every block
+  distlab's ring (:func:`~distlab.parallel.context.ring.ring_attention`) keeps every block
   for backward instead of recomputing. ``context="all_gather"`` (Llama 3's K/V all-gather)
   is :func:`~distlab.calc.comm.context_parallel_gather_comm`, ``"ulysses"``
   :func:`~distlab.calc.comm.ulysses_comm`, on the same s_c and h/tp;
@@ -42,7 +42,7 @@ layers split into dense and MoE ones (:func:`rank_modules`):
   other their ``ceil(V/tp) x h`` part of the embedding's gradient once per step;
 * **data** (the dp-cp group): ``zero_stage=0`` one all-reduce per dense parameter tensor
   (:func:`per_tensor_all_reduces`) and one per expert tensor over ``"expert_dp"``
-  (:func:`~distlab.parallel.moe.average_moe_gradients`); ZeRO-1 a reduce-scatter and an
+  (:func:`~distlab.parallel.moe.layer.average_moe_gradients`); ZeRO-1 a reduce-scatter and an
   all-gather per flat group (:func:`zero_flat_group_parts`); ZeRO-2 the reduce-scatter
   after every backward pass (m v per step) and one all-gather; FSDP
   (:func:`fsdp_unit_parts`) two all-gathers and a reduce-scatter per unit (one per
@@ -145,7 +145,7 @@ FSDP_FP32 = {
 
 @dataclass(frozen=True)
 class MoESpec:
-    """The MoE layers of a :class:`distlab.parallel.moe_gpt.MoEGPT` (its ``MoEConfig``'s fields):
+    """The MoE layers of a :class:`distlab.parallel.moe.gpt.MoEGPT` (its ``MoEConfig``'s fields):
     block i has a MoE MLP when ``(i + 1) % every == 0``; experts of ``ffn_hidden`` (4h if None)."""
 
     num_experts: int
@@ -254,7 +254,7 @@ def rank_modules(
 
 def trace_name(layout: Layout, group: str, rank: int) -> str:
     """The name a trace gives ``rank``'s ``group``: the first of :data:`GROUP_NAMES`
-    with the same rank list (:func:`distlab.parallel.comm_trace.name_groups`)."""
+    with the same rank list (:func:`distlab.parallel.comm.trace.name_groups`)."""
     ranks = layout.group_of(group, rank)
     return next(n for n in GROUP_NAMES if layout.group_of(n, rank) == ranks)
 
@@ -416,7 +416,7 @@ def per_tensor_all_reduces(tensors, *, group: int, bytes_per_element: int) -> tu
 
 def zero_flat_group_parts(tensors, *, group: int, zero_stage: int, backward_passes: int,
                           bytes_per_element: int) -> tuple:  # fmt: skip
-    """ZeRO-1/2 (:class:`~distlab.parallel.zero.ZeroOptimizer`): per padded flat group
+    """ZeRO-1/2 (:class:`~distlab.parallel.zero.optimizer.ZeroOptimizer`): per padded flat group
     (:func:`~distlab.calc.buckets.zero_flat_groups`), :func:`~distlab.calc.comm.data_parallel_comm`
     at ``zero_stage``; ZeRO-2 reduce-scatters at the end of each of ``backward_passes``."""
     bpe, parts = bytes_per_element, ()

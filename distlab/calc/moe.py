@@ -1,7 +1,7 @@
 """Expert parallelism: how many tokens an expert takes, and what its all-to-alls send.
 
 Pure Python. :func:`expert_capacity` is the slot count that
-:mod:`distlab.parallel.moe` and :mod:`distlab.parallel.moe_gpt` route into;
+:mod:`distlab.parallel.moe.layer` and :mod:`distlab.parallel.moe.gpt` route into;
 :func:`moe_all_to_all_comm` the bytes their dispatch and combine all-to-alls send,
 padding included (the formula :mod:`distlab.placement.score` prices too).
 """

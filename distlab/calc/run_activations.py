@@ -58,7 +58,7 @@ matmul after it, not counted here.
   (b s ceil(V/t) x 4 bytes), the log-sum-exp per token (fp32), the targets shifted to its
   rows (int64) and which of them are its own (1 byte);
 * **MoE layers** (``moe``, a :class:`~distlab.calc.layout_comm.MoESpec`), on the T = b s
-  tokens a rank routes (:mod:`distlab.parallel.moe`), C = :func:`~distlab.calc.moe.expert_capacity`
+  tokens a rank routes (:mod:`distlab.parallel.moe.layer`), C = :func:`~distlab.calc.moe.expert_capacity`
   slots per expert, E experts of f hidden features, top-k routing:
   *routing*: the router's input, in fp32 (Switch Transformer's selective precision:
   ``MoE.router_logits``; 4 T h), its probabilities (fp32, 4 T E), the top-k indices
@@ -82,7 +82,7 @@ matmul after it, not counted here.
   boolean causal mask ((s/cp) s bytes); DeepSpeed-Ulysses keeps Q, K and V re-split by
   heads (the same bytes as the local ones), the probabilities of a/(t cp) heads over the
   whole sequence (e b (a/(t cp)) s^2) and the mask (s^2 bytes); ring
-  attention (:func:`~distlab.parallel.context.ring_attention`, :func:`ring_core_bytes`)
+  attention (:func:`~distlab.parallel.context.ring.ring_attention`, :func:`ring_core_bytes`)
   keeps every K/V block it attended with (one per ring step: ``2 e b (s/cp) h/t`` each),
   and per (query chunk, key chunk) pair it visits, c tokens each, the probabilities
   (e b (a/t) c^2), the causal mask (c^2 bytes) and a copy of the query chunk for the
@@ -346,7 +346,7 @@ def context_core_difference(
 
 
 def ring_pairs(cp: int, cp_rank: int, split: str) -> tuple[int, int, int]:
-    """(pairs, steps, query chunks) of :func:`~distlab.parallel.context.ring_attention` on cp
+    """(pairs, steps, query chunks) of :func:`~distlab.parallel.context.ring.ring_attention` on cp
     rank ``cp_rank``: the (query chunk, key chunk) pairs it computes over the ring's cp
     steps (a key chunk wholly after the query chunk is skipped: causal), the steps with
     at least one, and the chunks it holds. Zig-zag: 2 cp + 1 pairs on every rank, in all

@@ -1,7 +1,7 @@
 """distlab's TP x PP x DP run counted: what each rank of ``train_3d`` sends, and its time.
 
 Pure Python, beside the planner. The mirror of
-:func:`distlab.parallel.three_d.train_3d` (the one in :mod:`distlab.parallel` runs
+:func:`distlab.parallel.compose.three_d.train_3d` (the one in :mod:`distlab.parallel` runs
 it on torch; this one counts it without torch):
 
 * :func:`three_d_comm`: the bytes one rank of a pipeline stage sends per step, per
@@ -9,7 +9,7 @@ it on torch; this one counts it without torch):
   schedule): :func:`distlab.calc.layout_comm.layout_comm` of that layout, plus what
   ``train_3d`` sends outside the step; :func:`rank_volumes` for every rank;
 * :func:`job_comm_totals`: those summed over the ranks per group and collective: the
-  numbers a trace of one step must equal (:mod:`distlab.parallel.comm_table`);
+  numbers a trace of one step must equal (:mod:`distlab.parallel.compose.traffic`);
 * :func:`layout_step_time`: the planner's estimate of that one layout
   (:func:`distlab.calc.planner.evaluate`: compute at an assumed efficiency,
   TP and PP communication on the critical path, the 1F1B bubble, exposed DP
@@ -74,7 +74,7 @@ def three_d_comm(
     layer_buffers: Sequence[int] = (),
 ) -> dict[str, CommVolume]:
     """Bytes one rank of pipeline stage ``stage`` sends per step of a TP x PP x DP job,
-    per process group, as :func:`distlab.parallel.three_d.train_3d` reports it: the
+    per process group, as :func:`distlab.parallel.compose.three_d.train_3d` reports it: the
     layout ``Layout(tp, pp, dp, zero_stage, virtual_stages=chunks, micro_batches)`` counted
     by :func:`distlab.calc.layout_comm.layout_comm` (one formula per parallelism), plus
     what ``train_3d`` sends outside the step.
@@ -97,7 +97,7 @@ def three_d_comm(
       Section 7.2.1). Outside the step: with ZeRO-1, **once per run**, the broadcast
       of every parameter and buffer (``layer_buffers``: elements of each layer's
       buffers, such as distlab's GPT's causal mask) when the optimizer is built
-      (:func:`~distlab.parallel.comm.broadcast_module_state`): a trace of k steps
+      (:func:`~distlab.parallel.comm.collectives.broadcast_module_state`): a trace of k steps
       holds k times the other parts and this one once; and on the last stage the
       all-reduce of the loss (one float64) for the step's report.
 

@@ -42,7 +42,7 @@ def count_traffic() -> Iterator[Traffic]:
 
     Counters nest: what an inner ``count_traffic`` counts is also added to
     the one around it when the inner one closes (a per-call trace inside a
-    whole-step count, as :func:`distlab.parallel.comm_trace.trace_comm` does).
+    whole-step count, as :func:`distlab.parallel.comm.trace.trace_comm` does).
     """
     outer = _traffic.get()
     traffic = Traffic()

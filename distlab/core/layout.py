@@ -6,7 +6,7 @@ same object whichever part of distlab looks at it:
 * the planner (:mod:`distlab.calc.planner`) ranks layouts by estimated step time;
 * the placer (:mod:`distlab.placement`) maps a layout's groups onto machines;
 * the runner (:func:`distlab.parallel.parallelize`, :func:`distlab.parallel.train`)
-  builds its process groups (:func:`distlab.parallel.mesh.build_mesh`) and applies
+  builds its process groups (:func:`distlab.parallel.compose.mesh.build_mesh`) and applies
   each parallelism to a plain model.
 
 The degrees (Megatron-core's names and rank order, see :mod:`distlab.core.ranks`)::

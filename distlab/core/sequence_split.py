@@ -5,7 +5,7 @@ causal attention the last rank then attends to N times as many keys as the first
 *zig-zag* split (Megatron-LM's context parallelism) cuts it into 2N chunks and gives
 rank r chunks r and 2N-1-r, an early one and a late one, so every rank does the same
 work. Plain Python, so the calculators (:mod:`distlab.calc.run_activations`) and the
-ranks (:mod:`distlab.parallel.context`) use the same rule.
+ranks (:mod:`distlab.parallel.context.ring`) use the same rule.
 """
 
 from __future__ import annotations

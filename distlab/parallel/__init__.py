@@ -1,74 +1,95 @@
-"""Parallel training on real processes: DDP, ZeRO, FSDP, tensor, sequence, context and pipeline.
+"""Parallel training on real processes, in families that follow the course.
 
-One idea per module, each short enough to read top to bottom:
+Each family is a folder whose ``__init__`` says what is inside and in which order
+to read it:
 
-==================  ===========================================================
-``data``            DistributedSampler's split: each rank reads its own samples
-``comm``            the collectives (distlab's own or built-in), a comm thread
-``buckets``         DDP's gradient buckets; launching them in order in backward
-``trace``           per-bucket timestamps: gradient ready, all-reduce start/end
-``ddp``             :class:`NaiveDDP` and :class:`BucketedDDP` (overlap)
-``ddp_timing``      naive against bucketed DDP, step times side by side
-``accumulation``    K micro-batches, loss / K, communicate once
-``mixed_precision`` bf16/fp16 weights, fp32 masters, loss scale, FSDP's policy
-``flat``            flat parameters cut into K shards
-``zero``            :class:`ZeroOptimizer`: ZeRO stages 1 and 2
-``fsdp``            :class:`FSDP`: ZeRO stage 3, per-unit gather and free
-``checkpoint``      full (rank 0) and sharded (DCP) checkpoints, resharding
-``sync_batchnorm``  :class:`SyncBatchNorm` against per-rank BatchNorm
-``memory``          measured bytes of parameters, gradients, optimizer state
-``pipeline/``       pipeline parallelism: stages, executor (schedules as data)
-``tensor/``         Megatron tensor parallelism: f/g, column/row layers, GPT,
-                    and its extension, sequence parallelism (``tensor.sequence``)
-``context``         context parallelism: ring attention, zig-zag split
-``context_gather``  context parallelism by all-gathering K/V (Llama 3)
-``ulysses``         context parallelism by all-to-all over the heads (DeepSpeed-Ulysses)
-``sharding/``       sharded matmuls in named-axis notation: which case, what to send
-``moe``             :class:`MoE`, :class:`ExpertParallelMoE`: experts over all-to-all
-``mesh``            :func:`build_mesh`: every process group (tp, cp, ep, dp, pp) by name
-``moe_gpt``         the GPT with MoE blocks, and its expert-parallel block
-``compose/``        :func:`parallelize` (any :class:`~distlab.core.layout.Layout` applied
-                    to a plain GPT, in one fixed order) and :func:`train`, the one loop
-``three_d``         :func:`train_3d`: TP x PP x DP, one setting of :func:`train`
-==================  ===========================================================
+================  ===============================================  ==========
+family            what it holds                                    notebook
+================  ===============================================  ==========
+``comm/``         the collectives a wrapper calls, the comm        02-04
+                  thread, gradient buckets, rank agreement,
+                  tracing every message by group
+``data/``         data parallelism: the sampler, DDP (naive and    04
+                  bucketed), accumulation, SyncBatchNorm, and
+                  ``training``: one step of any data-parallel
+                  method on any module
+``precision/``    measured model-state bytes; mixed precision      01, 05
+                  (16-bit compute, fp32 masters, loss scaling)
+``zero/``         ZeRO stages 1-2 (:class:`ZeroOptimizer`) and     06
+                  stage 3 (:class:`FSDP`) on flat parameters
+``tensor/``       Megatron tensor parallelism and its sequence     07
+                  parallelism (``tensor.sequence``)
+``context/``      context parallelism: ring attention, K/V         07
+                  all-gather, Ulysses
+``pipeline/``     pipeline stages and the executor that runs a     08
+                  schedule (schedules are data, in ``core``)
+``moe/``          mixture of experts, expert parallelism, the      09
+                  MoE GPT
+``compose/``      any :class:`~distlab.core.layout.Layout` on      09
+                  the GPT: the device mesh, ``parallelize``,
+                  ``train``, its checkpoints and traffic, 3D
+``checkpoint/``   full and sharded checkpoints, verified folders   10
+``sharding/``     sharded matmuls in named-axis notation: which    13
+                  case, what to send
+================  ===============================================  ==========
 
-Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by
-default); the collective is chosen per wrapper with ``algorithm="ring"``
-(or any key of :data:`distlab.sim.algorithms.ALL_REDUCE`) or ``"builtin"``.
+The families stand on floors (``tests/test_layers.py`` checks them): ``comm`` at the
+ground; ``precision``, ``context`` and ``pipeline`` on it; ``zero`` and ``tensor`` above
+those; ``data`` (its ``training`` builds ZeRO and FSDP), ``moe``, ``checkpoint`` and
+``sharding`` above them; ``compose`` on top. A family imports only families on lower
+floors.
+
+Everything runs inside ``distlab.run(fn, world_size)`` (gloo on CPU by default); the
+collective is chosen per wrapper with ``algorithm="ring"`` (or any key of
+:data:`distlab.sim.algorithms.ALL_REDUCE`) or ``"builtin"``. The names below are the
+ones the notebooks use most; every other name is in its family. Module paths from
+before the families still import, with a warning naming the new one
+(:mod:`distlab.parallel.moved`).
 """
 
 from __future__ import annotations
 
-from . import pipeline
-from .accumulation import accumulate_gradients, gradient_scale_error
+from . import moved, pipeline
 from .checkpoint import (
+    CheckpointError,
+    CheckpointWarning,
+    latest_checkpoint,
     latest_verified_checkpoint,
     load_full,
     load_sharded,
     save_full,
     save_sharded,
 )
-from .checkpoint_files import CheckpointError, CheckpointWarning, latest_checkpoint
 from .comm import ALGORITHMS, Collectives, CommThread
-from .compose import ComposedRun, parallelize, train
+from .compose import ComposedRun, ParallelMesh, build_mesh, parallelize, train
 from .context import ContextParallelBlock, Ring, ring_attention
-from .data import ShardSampler, shard_batch, shard_indices
-from .ddp import BucketedDDP, NaiveDDP
-from .ddp_timing import time_ddp_variants
-from .fsdp import FSDP
-from .memory import MeasuredModelState, measure_model_state, storage_bytes
-from .mesh import ParallelMesh, build_mesh
-from .mixed_precision import (
+from .data import (
+    BucketedDDP,
+    BucketTimes,
+    NaiveDDP,
+    ShardSampler,
+    StepTrace,
+    SyncBatchNorm,
+    accumulate_gradients,
+    gradient_scale_error,
+    shard_batch,
+    shard_indices,
+    time_ddp_variants,
+)
+from .moe import ExpertParallelMoE, MoE, average_moe_gradients
+from .precision import (
     DynamicLossScaler,
+    MeasuredModelState,
     MixedPrecisionOptimizer,
     MixedPrecisionPolicy,
     autocast,
+    measure_model_state,
+    storage_bytes,
 )
-from .moe import ExpertParallelMoE, MoE, average_moe_gradients
-from .sync_batchnorm import SyncBatchNorm
 from .tensor import ParallelBlock, ParallelGPT, TensorParallelComm
-from .trace import BucketTimes, StepTrace
-from .zero import ZeroOptimizer
+from .zero import FSDP, ZeroOptimizer
+
+moved.install()
 
 __all__ = [
     "ALGORITHMS",

@@ -1,7 +1,7 @@
 """Figures for mixture-of-experts routing: how evenly the experts are loaded.
 
 :func:`plot_expert_load` draws the per-expert load (fraction of the batch's
-assignments, :func:`distlab.parallel.moe.expert_load`) over a short training
+assignments, :func:`distlab.parallel.moe.layer.expert_load`) over a short training
 run, once without and once with the load-balancing loss (Switch Transformer,
 Fedus et al. 2021, eq. 4), on a shared y axis. The dashed line is the
 uniform load ``1 / E``: with the loss the lines gather around it, without

@@ -1,6 +1,6 @@
 """Figures for DDP's overlap of gradient communication with backward.
 
-:func:`plot_step_trace` draws one :class:`~distlab.parallel.trace.StepTrace`
+:func:`plot_step_trace` draws one :class:`~distlab.parallel.data.step_trace.StepTrace`
 as a timeline: a compute row (forward, then backward until its last
 gradient) and a communication row with one bar per bucket's all-reduce, a
 tick where each bucket's gradients became ready. Bars to the left of the
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
-from distlab.parallel.trace import StepTrace
+from distlab.parallel.data.step_trace import StepTrace
 
 _COLORS = {"forward": "#4c72b0", "backward": "#55a868", "comm": "#c44e52", "ready": "black"}
 

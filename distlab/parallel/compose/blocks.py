@@ -4,9 +4,9 @@
   column-parallel, a/t heads per rank, output projection row-parallel) whose
   attention core runs over the context-parallel group: each rank holds its part
   of every sequence, and the group's ``attend`` brings in the rest: ring attention
-  (:class:`~distlab.parallel.context.Ring`: K/V blocks passed round the cp ranks),
-  Llama 3's K/V all-gather (:class:`~distlab.parallel.context_gather.KVGather`) or
-  DeepSpeed-Ulysses' all-to-all (:class:`~distlab.parallel.ulysses.Ulysses`: heads/t
+  (:class:`~distlab.parallel.context.ring.Ring`: K/V blocks passed round the cp ranks),
+  Llama 3's K/V all-gather (:class:`~distlab.parallel.context.gather.KVGather`) or
+  DeepSpeed-Ulysses' all-to-all (:class:`~distlab.parallel.context.ulysses.Ulysses`: heads/t
   must divide by cp), each on this rank's tensor-parallel heads. Tensor parallelism
   splits the heads, context parallelism the tokens: the two are independent.
 * :class:`StageEmbedding` and :class:`StageHead`: the first and last layers of a
@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from distlab.models import CausalSelfAttention
-from distlab.parallel.context import ContextGroup
+from distlab.parallel.context.ring import ContextGroup
 from distlab.parallel.tensor import ParallelGPT, ParallelSelfAttention, TensorParallelComm
 from distlab.parallel.tensor.rng import RNGTracker
 

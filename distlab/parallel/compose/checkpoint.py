@@ -36,7 +36,7 @@ applies :func:`~distlab.parallel.compose.dense_shard` (the one rule
 dense shape, reads the box off it and checks that it is one. A loader puts the
 pieces of a name together into the dense tensor and applies ``dense_shard`` for
 its own tp rank; experts are found by their dense index
-(:func:`~distlab.parallel.moe_gpt.dense_expert_name`); ZeRO/FSDP layouts then
+(:func:`~distlab.parallel.moe.gpt.dense_expert_name`); ZeRO/FSDP layouts then
 flatten and keep their own shard.
 
 **Resume.** The step count is saved; every rank's CPU generator state is saved
@@ -46,15 +46,15 @@ rank has no counterpart, so the generators are left alone: a run without dropout
 continues equal up to rounding, one with dropout continues with other masks.
 Hyperparameters (``lr``) come from the caller.
 
-**Safety** (:mod:`distlab.parallel.checkpoint_files`): the files go to a fresh
+**Safety** (:mod:`distlab.parallel.checkpoint.files`): the files go to a fresh
 data folder, every file is fsynced, then rank 0 publishes ``COMMIT.json`` with one
 atomic rename and only afterwards removes the previous data folder: a save that
 dies half way leaves the previous checkpoint loadable. A load verifies every
-file's SHA-256 first (:func:`~distlab.parallel.checkpoint.verify_sharded`) and
+file's SHA-256 first (:func:`~distlab.parallel.checkpoint.data_parallel.verify_sharded`) and
 refuses a missing, torn or damaged checkpoint, one of another kind, another
 model or another optimizer, naming the file (the data folder, if the commit names
 one that is gone) or the value.
-:func:`~distlab.parallel.checkpoint.latest_verified_checkpoint` picks the newest
+:func:`~distlab.parallel.checkpoint.data_parallel.latest_verified_checkpoint` picks the newest
 ``step-N`` of a run that verifies, to restart from.
 
 **Why not torch.distributed.checkpoint (DCP).** DCP stores a tensor as
@@ -82,11 +82,11 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.models import GPT
-from distlab.parallel import checkpoint_files as files
-from distlab.parallel.checkpoint import verify_sharded
-from distlab.parallel.checkpoint_files import CheckpointError
-from distlab.parallel.moe_gpt import dense_expert_name
-from distlab.parallel.zero import ZeroOptimizer
+from distlab.parallel.checkpoint import files
+from distlab.parallel.checkpoint.data_parallel import verify_sharded
+from distlab.parallel.checkpoint.files import CheckpointError
+from distlab.parallel.moe.gpt import dense_expert_name
+from distlab.parallel.zero.optimizer import ZeroOptimizer
 
 from .blocks import StageEmbedding, StageHead
 from .model import ParallelModel, dense_shard
@@ -358,7 +358,7 @@ def read_manifest(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise CheckpointError(
             f"{path} has no {MANIFEST}: it is not a checkpoint of a composed run (a data-"
-            "parallel save_sharded checkpoint loads with distlab.parallel.checkpoint)"
+            "parallel save_sharded checkpoint loads with distlab.parallel.checkpoint.data_parallel)"
         ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{manifest_path} is damaged: not valid JSON ({exc})") from None
@@ -453,7 +453,7 @@ def load_checkpoint(
     Every file is verified first; a missing, damaged or foreign checkpoint (or one whose
     data folder is gone) raises :class:`CheckpointError`, another model or optimizer
     ``ValueError``, on every rank. To pick the step to restart from, use
-    :func:`~distlab.parallel.checkpoint.latest_verified_checkpoint`."""
+    :func:`~distlab.parallel.checkpoint.data_parallel.latest_verified_checkpoint`."""
     data = verify_sharded(path)
     manifest = read_manifest(path)
     _check_model(path, manifest, dense)

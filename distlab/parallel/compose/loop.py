@@ -13,7 +13,7 @@ Each step, on every rank::
 
 **The data.** Replica r (its ``"dp"`` coordinate) takes sequences r b/dp .. (r+1) b/dp - 1;
 within a replica, context-parallel rank c takes its part of every sequence
-(:func:`~distlab.parallel.context.split_sequence`); the pipeline cuts them into
+(:func:`~distlab.parallel.context.ring.split_sequence`); the pipeline cuts them into
 ``layout.micro_batches``. Each rank's loss is the mean over its tokens and every
 rank of the dp-cp group has as many, so the mean over the group is the loss of the
 whole batch, and averaging the gradients over dp-cp gives its gradient: a step
@@ -53,7 +53,7 @@ uninterrupted one.
 got the same model and arguments: the layout field by field, steps, lr, the optimizer
 and its settings, aux_weight, split, context, algorithm, the batch (dtype, shape and a
 SHA-256 of tokens and of targets), the checkpoint arguments, the model's config and
-parameters (:func:`~distlab.parallel.agreement.check_same_across_ranks`, two small
+parameters (:func:`~distlab.parallel.comm.agreement.check_same_across_ranks`, two small
 all-gathers per call). A rank with another layout or step count would otherwise hang
 the others; one with another batch or lr would train silently wrong. Each rank's own
 bad value (a batch that dp * micro_batches does not divide) is refused before that,
@@ -74,17 +74,17 @@ from distlab.core.checks import nonnegative, positive, positive_int
 from distlab.core.layout import Layout
 from distlab.core.ranks import GROUP_NAMES
 from distlab.models import GPT, check_batch
-from distlab.parallel.agreement import check_same_across_ranks, parameters
-from distlab.parallel.comm import Collectives
-from distlab.parallel.comm_trace import name_groups, trace_comm
-from distlab.parallel.context import split_sequence
-from distlab.parallel.memory import optimizer_state_tensors, storage_bytes
-from distlab.parallel.mixed_precision import DynamicLossScaler, grads_are_finite
-from distlab.parallel.moe import average_moe_gradients
-from distlab.parallel.moe_gpt import MoELayerStats, moe_layers, routing_stats
+from distlab.parallel.comm.agreement import check_same_across_ranks, parameters
+from distlab.parallel.comm.collectives import Collectives
+from distlab.parallel.comm.trace import name_groups, trace_comm
+from distlab.parallel.context.ring import split_sequence
+from distlab.parallel.moe.gpt import MoELayerStats, moe_layers, routing_stats
+from distlab.parallel.moe.layer import average_moe_gradients
 from distlab.parallel.pipeline import run_pipeline
+from distlab.parallel.precision.memory import optimizer_state_tensors, storage_bytes
+from distlab.parallel.precision.mixed_precision import DynamicLossScaler, grads_are_finite
 from distlab.parallel.tensor.checks import check_divisible
-from distlab.parallel.zero import ZeroOptimizer
+from distlab.parallel.zero.optimizer import ZeroOptimizer
 
 from .checkpoint import check_save_after, load_checkpoint, save_checkpoint
 from .model import ParallelModel, check_model, compute_dtype, parallelize
@@ -148,7 +148,7 @@ class PlainSGD:
 def make_optimizer(parallel: ParallelModel, name: str, lr: float):
     """``(optimizer, torch optimizer holding the state)`` for this rank's share.
 
-    ZeRO-1/2: :class:`~distlab.parallel.zero.ZeroOptimizer` over dp-cp (it
+    ZeRO-1/2: :class:`~distlab.parallel.zero.optimizer.ZeroOptimizer` over dp-cp (it
     reduce-scatters the gradients, updates this rank's 1/(dp cp) of the stage's
     flattened parameters and all-gathers them). FSDP: torch's optimizer on the shards."""
     if name not in OPTIMIZERS:
@@ -326,7 +326,7 @@ def train(
     ``optimizer``: a key of :data:`OPTIMIZERS`; ``aux_weight``: the MoE balancing loss's
     weight; ``split``: how sequences are cut over cp; ``context``: the cp ranks' attention
     ("ring", "all_gather" or "ulysses"); ``algorithm``: distlab's all-reduce
-    for tp and dp (:data:`distlab.parallel.comm.ALGORITHMS`); ``precision``: "fp32",
+    for tp and dp (:data:`distlab.parallel.comm.collectives.ALGORITHMS`); ``precision``: "fp32",
     "bf16" or "fp16" (module docstring), ``loss_scaler``: fp16's scaler (default
     ``DynamicLossScaler()``; only with fp16).
 

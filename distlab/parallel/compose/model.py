@@ -2,7 +2,7 @@
 applied to a plain GPT, in one fixed order.
 
 Call it on every rank (inside ``distlab.run`` or under ``torchrun``) with the same
-plain model, :class:`distlab.models.GPT` or :class:`distlab.parallel.moe_gpt.MoEGPT`.
+plain model, :class:`distlab.models.GPT` or :class:`distlab.parallel.moe.gpt.MoEGPT`.
 Each rank keeps its share, in this order (the order of Megatron-core and of
 torchtitan's ``parallelize``: each step works on what the previous one left):
 
@@ -16,7 +16,7 @@ torchtitan's ``parallelize``: each step works on what the previous one left):
    tensor-parallel heads (:class:`~distlab.parallel.compose.blocks.ContextParallelAttention`),
    and the position embedding uses the tokens' global positions;
 3. **expert**: the MLP of every MoE block becomes an
-   :class:`~distlab.parallel.moe.ExpertParallelMoE` over the ``"ep"`` group
+   :class:`~distlab.parallel.moe.layer.ExpertParallelMoE` over the ``"ep"`` group
    (E/ep whole experts per rank, tokens exchanged by all-to-all);
 4. **pipeline** (:func:`cut_stage`): the L blocks are cut into one part per
    virtual stage (DualPipe: per stage of one of its two copies); this rank keeps
@@ -24,9 +24,9 @@ torchtitan's ``parallelize``: each step works on what the previous one left):
    embedding with the first part and the head with the last;
 5. **data**: over the ``"dp-cp"`` group (data and context ranks both hold whole
    copies of the stage and see different tokens), one of: plain averaging of
-   the gradients (``zero_stage=0``), ZeRO-1 or -2 (:class:`~distlab.parallel.zero.ZeroOptimizer`,
+   the gradients (``zero_stage=0``), ZeRO-1 or -2 (:class:`~distlab.parallel.zero.optimizer.ZeroOptimizer`,
    built by the training loop), or FSDP (``zero_stage=3``: each chunk wrapped in
-   :class:`~distlab.parallel.fsdp.FSDP`, its parameters sharded over dp-cp).
+   :class:`~distlab.parallel.zero.fsdp.FSDP`, its parameters sharded over dp-cp).
 
 Combinations distlab refuses, each with a ``ValueError`` that says why:
 sequence parallelism with MoE blocks (the TP ranks of a replica must see the same
@@ -60,15 +60,15 @@ from distlab.core.layout import Layout
 from distlab.core.pipeline_schedule import BIDIRECTIONAL, chunks_of
 from distlab.core.sequence_split import chunk_count
 from distlab.models import GPT, GPTBlock
-from distlab.parallel.context import ContextGroup, Ring
-from distlab.parallel.context_gather import KVGather
-from distlab.parallel.fsdp import FSDP
-from distlab.parallel.mesh import ParallelMesh, build_mesh
-from distlab.parallel.mixed_precision import MixedPrecisionPolicy
-from distlab.parallel.moe import MoE
-from distlab.parallel.moe_gpt import ParallelMoEBlock
+from distlab.parallel.compose.mesh import ParallelMesh, build_mesh
+from distlab.parallel.context.gather import KVGather
+from distlab.parallel.context.ring import ContextGroup, Ring
+from distlab.parallel.context.ulysses import Ulysses
+from distlab.parallel.moe.gpt import ParallelMoEBlock
+from distlab.parallel.moe.layer import MoE
 from distlab.parallel.pipeline import PipelineStage, Schedule, build
 from distlab.parallel.pipeline.stage import tied_embedding_peer
+from distlab.parallel.precision.mixed_precision import MixedPrecisionPolicy
 from distlab.parallel.tensor import (
     ParallelBlock,
     ParallelGPT,
@@ -79,7 +79,7 @@ from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.tensor.layers import block_shard
 from distlab.parallel.tensor.rng import RNGTracker
 from distlab.parallel.tensor.vocab import vocab_shard
-from distlab.parallel.ulysses import Ulysses
+from distlab.parallel.zero.fsdp import FSDP
 
 from .blocks import ContextParallelAttention, RecomputedBlock, StageEmbedding, StageHead
 
@@ -275,7 +275,7 @@ def dense_shard(name: str, dense: torch.Tensor, t: int, rank: int, vocab: int) -
     ``rank`` of ``t`` holds in a :class:`ParallelGPT`: vocabulary rows (zero-padded)
     of ``tok.weight``/``head_weight``, :func:`block_shard` of a block's tensors,
     everything else whole. (Experts are whole on their expert-parallel rank: see
-    :func:`distlab.parallel.moe_gpt.dense_expert_name` for their dense names.)"""
+    :func:`distlab.parallel.moe.gpt.dense_expert_name` for their dense names.)"""
     if name.startswith("blocks."):
         return block_shard(name.split(".", 2)[2], dense, t, rank)
     if name in ("tok.weight", "head_weight", "head.weight"):
@@ -302,7 +302,7 @@ def parallelize(
     ``mesh``: the job's mesh (built from ``layout`` when omitted; every rank must call);
     ``split``: how sequences are cut over cp; ``context``: how the cp ranks attend over
     the whole sequence (a key of :data:`CONTEXT_ATTENTION`); ``algorithm``: the tensor-parallel
-    all-reduce (:data:`distlab.parallel.comm.ALGORITHMS`).
+    all-reduce (:data:`distlab.parallel.comm.collectives.ALGORITHMS`).
 
     ``precision`` (:data:`PRECISIONS`): "bf16" or "fp16" computes in 16 bits as torch's
     automatic mixed precision does: the parameters stay fp32 (they are the master

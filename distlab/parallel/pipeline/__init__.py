@@ -1,20 +1,21 @@
 """Pipeline parallelism: schedules as data, stages cut from a model, an executor.
 
-==============  =============================================================
-``schedule``    the schedule type and generators (GPipe, 1F1B, interleaved,
-                breadth-first, ZB-H1, ZB-H2, ZB-V, DualPipeV, DualPipe), the checker and the replay; defined, torch-free, in
-                :mod:`distlab.core.pipeline_schedule` and
-                :mod:`distlab.sim.pipeline_replay`, re-exported here
-``partition``   the tiny GPT as a list of layers; balanced cuts by parameter
-                count or measured time
-``stage``       :class:`PipelineStage`: one rank's model chunks (loop or V)
-``executor``    :func:`run_pipeline`: one rank walks its actions, sending
-                activations and gradients point-to-point
-``torch_``      :func:`to_torch`/:func:`from_torch`: schedules to and from
-``exchange``    ``torch.distributed.pipelining`` action lists and CSV
-==============  =============================================================
+==================  ==============================================================
+``schedule``        the schedule type and generators (GPipe, 1F1B, interleaved,
+                    breadth-first, ZB-H1, ZB-H2, ZB-V, DualPipeV, DualPipe), the
+                    checker and the replay; defined, torch-free, in
+                    :mod:`distlab.core.pipeline_schedule` and
+                    :mod:`distlab.sim.pipeline_replay`, re-exported here
+``partition``       the tiny GPT as a list of layers; balanced cuts by parameter
+                    count or measured time
+``stage``           :class:`PipelineStage`: one rank's model chunks (loop or V)
+``executor``        :func:`run_pipeline`: one rank walks its actions, sending
+                    activations and gradients point-to-point
+``torch_exchange``  :func:`to_torch`/:func:`from_torch`: schedules to and from
+                    ``torch.distributed.pipelining`` action lists and CSV
+==================  ==============================================================
 
-The schedule lives in :mod:`distlab.calc` because the bubble calculator,
+The schedule lives in :mod:`distlab.core` because the bubble calculator,
 the simulator and the plots read it without importing torch; this package
 is where it runs. Inside ``distlab.run(fn, world_size=p)``::
 

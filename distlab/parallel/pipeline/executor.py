@@ -57,9 +57,9 @@ import torch
 import torch.distributed as dist
 
 from distlab.core.pipeline_schedule import Action, Schedule, with_communication
+from distlab.parallel.comm.trace import record_p2p
 from distlab.sim.pipeline_replay import TimedAction, Timeline, check
 
-from ..comm_trace import record_p2p
 from .stage import PipelineStage
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -14,7 +14,7 @@
 ==============  ==============================================================
 
 Sequence parallelism is :mod:`distlab.parallel.tensor.sequence`, context
-parallelism (ring attention) :mod:`distlab.parallel.context`.
+parallelism (ring attention) :mod:`distlab.parallel.context.ring`.
 """
 
 from __future__ import annotations

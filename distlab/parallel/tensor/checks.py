@@ -5,7 +5,7 @@ raises the same ``ValueError`` on its own. Ranks that disagree (built from
 different dense models, or with different sizes) would hang or silently train
 different models; :class:`~distlab.parallel.tensor.model.ParallelGPT` compares
 the dense model across the tensor-parallel group first
-(:func:`distlab.parallel.agreement.check_same_across_ranks`), which raises on
+(:func:`distlab.parallel.comm.agreement.check_same_across_ranks`), which raises on
 every rank, naming the first parameter that differs.
 """
 

@@ -7,7 +7,7 @@ applied to each rank's s/t tokens). ``loss`` never gathers the logits.
 
 With context parallelism (``context=(cp, cp_rank, split)``, set by
 :func:`distlab.parallel.compose.parallelize`) the tokens this rank gets are
-its part of each sequence (:func:`distlab.parallel.context.local_positions`),
+its part of each sequence (:func:`distlab.parallel.context.ring.local_positions`),
 and the position embedding uses their global positions.
 """
 
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from distlab.models import GPT
-from distlab.parallel.agreement import check_same_across_ranks, parameters
-from distlab.parallel.context import local_positions
+from distlab.parallel.comm.agreement import check_same_across_ranks, parameters
+from distlab.parallel.context.ring import local_positions
 
 from . import sequence as sp
 from .checks import check_divisible
@@ -38,7 +38,7 @@ class ParallelGPT(nn.Module):
     After ``loss.backward()`` call :meth:`finish_gradients` (sums the gradients
     of sequence-parallel LayerNorms and biases; nothing to do without SP).
     ``make_block(dense_block, comm, sequence_parallel=...)`` builds each block
-    (default :class:`ParallelBlock`; :mod:`distlab.parallel.moe_gpt` passes one
+    (default :class:`ParallelBlock`; :mod:`distlab.parallel.moe.gpt` passes one
     that makes the MoE blocks expert-parallel).
     """
 

@@ -19,7 +19,7 @@ operators live in :mod:`distlab.parallel.tensor.sequence` and use the same
 :class:`TensorParallelComm`.
 
 Every collective goes through :class:`TensorParallelComm`, a
-:class:`~distlab.parallel.comm.Collectives` (distlab's own algorithms or
+:class:`~distlab.parallel.comm.collectives.Collectives` (distlab's own algorithms or
 ``"builtin"``) that also logs each call: which collective, forward or
 backward, and where in the model, so tests and plots can count them.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from distlab.parallel.comm import Collectives
+from distlab.parallel.comm.collectives import Collectives
 
 
 @dataclass(frozen=True)

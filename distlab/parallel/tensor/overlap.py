@@ -30,7 +30,7 @@ chunk is on its way from rank r+1, adds it, and sends it on to r-1; after t step
 holds chunk r of the full sum.
 
 Each function returns ``(y, timeline)``: a :class:`Timeline` of this rank's
-``"compute"`` and ``"comm"`` intervals (:func:`distlab.parallel.comm.now` seconds; a
+``"compute"`` and ``"comm"`` intervals (:func:`distlab.parallel.comm.collectives.now` seconds; a
 ``"comm"`` interval runs from posting the operation to its wait returning, so it is when
 the data *may* be moving). :func:`exposed_communication_seconds` is the time inside comm
 intervals and outside every compute interval: what communication adds to the run.
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..comm import now
+from distlab.parallel.comm.collectives import now
 
 KINDS = ("compute", "comm")
 

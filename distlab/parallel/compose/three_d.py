@@ -7,7 +7,7 @@ one fixed order (:mod:`distlab.parallel.compose.model`). What it does, step by s
 
 Megatron-LM's composition (Narayanan et al. 2021, "Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM", Sections 2-3):
-the world of ``t * p * d`` ranks is one grid (:func:`~distlab.parallel.mesh.build_mesh`,
+the world of ``t * p * d`` ranks is one grid (:func:`~distlab.parallel.compose.mesh.build_mesh`,
 tensor parallelism innermost, pipeline outermost). Each rank
 
 1. holds its tensor-parallel shard (:class:`~distlab.parallel.tensor.ParallelGPT`)
@@ -32,7 +32,7 @@ tensor parallelism innermost, pipeline outermost). Each rank
      steps the optimizer on the whole shard: K Ψ_rank bytes of optimizer state
      per rank (K = 4 for SGD with momentum, 8 for fp32 Adam);
    * ``zero_stage=1`` (ZeRO-1, P_os; Rajbhandari et al. 2020, Section 5.1):
-     :class:`~distlab.parallel.zero.ZeroOptimizer` over the dp group
+     :class:`~distlab.parallel.zero.optimizer.ZeroOptimizer` over the dp group
      reduce-scatters the gradients, each rank updates its 1/d of the shard
      with K Ψ_rank / d bytes of optimizer state, and an all-gather returns the
      updated parameters. Ψ_rank (d - 1)/d elements in each collective: the same
@@ -55,7 +55,8 @@ import torch
 
 from distlab.core.layout import Layout
 from distlab.models import GPT, GPTConfig
-from distlab.parallel.compose import ComposedRun, train
+
+from .loop import ComposedRun, train
 
 
 def train_3d(

@@ -12,7 +12,7 @@ communication call the code makes, without the code knowing::
 Each kind of communication passes through one place, and that place reports
 to the active trace (:func:`traced`):
 
-* :class:`~distlab.parallel.comm.Collectives` (and its subclass
+* :class:`~distlab.parallel.comm.collectives.Collectives` (and its subclass
   ``TensorParallelComm``): all_reduce, reduce_scatter, all_gather and
   broadcast on its ``group``;
 * the pipeline executor (:mod:`distlab.parallel.pipeline.executor`): ``send``
@@ -20,9 +20,9 @@ to the active trace (:func:`traced`):
   header before each (``"send header"``, ``"recv header"``), and the
   tied-embedding gradient exchange between the first and last stage (group
   ``"embedding"``, Megatron-LM's name for those two ranks);
-* MoE's :func:`~distlab.parallel.moe.exchange_blocks`: all_to_all (group ``"ep"``).
+* MoE's :func:`~distlab.parallel.moe.layer.exchange_blocks`: all_to_all (group ``"ep"``).
 
-A process group is named by :func:`~distlab.parallel.mesh.build_mesh`, which
+A process group is named by :func:`~distlab.parallel.compose.mesh.build_mesh`, which
 tells the active trace the name of every group it creates (a group that
 serves several names, such as ``"dp"``, ``"dp-cp"`` and ``"expert_dp"`` when
 cp = ep = 1, keeps the first in :data:`distlab.core.ranks.GROUP_NAMES`);

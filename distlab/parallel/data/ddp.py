@@ -1,7 +1,7 @@
 """Distributed data parallel (DDP): every rank holds the whole model, gradients are averaged.
 
 Each of K ranks runs forward and backward on its own slice of the global
-batch (see :mod:`distlab.parallel.data`); averaging the K gradients gives the
+batch (see :mod:`distlab.parallel.data.sampler`); averaging the K gradients gives the
 gradient of the mean loss over the whole batch, so after ``optimizer.step()``
 every rank holds the same parameters as one process training on the full
 batch. The all-reduce moves 2Ψ(K-1)/K elements per rank with a ring.
@@ -29,12 +29,12 @@ PyTorch's DDP (``broadcast_buffers=True``, called ``forward_sync_buffers`` since
 PyTorch 2.13), both wrappers broadcast rank 0's
 buffers at the start of every training forward (not under ``torch.no_grad()``,
 so rank 0 may evaluate alone, and not inside ``no_sync()``, again like
-PyTorch); ``broadcast_buffers=False`` lets the ranks drift (or use :class:`~distlab.parallel.sync_batchnorm.SyncBatchNorm`,
+PyTorch); ``broadcast_buffers=False`` lets the ranks drift (or use :class:`~distlab.parallel.data.sync_batchnorm.SyncBatchNorm`,
 whose statistics come from every rank's batch).
 
 Communication thread: distlab's collectives are blocking calls built from
 isend/irecv, so :class:`BucketedDDP` hands each ready bucket to a
-:class:`~distlab.parallel.comm.CommThread` (one per rank, first in first out)
+:class:`~distlab.parallel.comm.collectives.CommThread` (one per rank, first in first out)
 and waits for all of them in a callback queued at the end of backward. The
 built-in alternative is ``dist.all_reduce(..., async_op=True)``, which runs
 on the backend's own threads; one thread here works for every algorithm.
@@ -50,16 +50,20 @@ import torch
 from torch import nn
 
 from distlab.collectives.buffers import Group
-
-from .buckets import (
+from distlab.parallel.comm.buckets import (
     DEFAULT_BUCKET_CAP_MB,
     ReadyInOrder,
     assign_buckets,
     bucket_cap_bytes,
     trainable_parameters,
 )
-from .comm import Collectives, CommThread, broadcast_module_buffers, broadcast_module_state
-from .trace import TraceRecorder
+from distlab.parallel.comm.collectives import (
+    Collectives,
+    CommThread,
+    broadcast_module_buffers,
+    broadcast_module_state,
+)
+from distlab.parallel.data.step_trace import TraceRecorder
 
 
 class _Replicated(nn.Module):
@@ -91,7 +95,7 @@ class _Replicated(nn.Module):
             self._tracker.enabled = True
 
     def model_state_tensors(self) -> dict[str, list]:
-        """Parameters and gradients this rank holds (see :mod:`distlab.parallel.memory`)."""
+        """Parameters and gradients this rank holds (see :mod:`distlab.parallel.precision.memory`)."""
         params = list(self.module.parameters())
         return {"parameters": params, "gradients": [p.grad for p in params]}
 
@@ -172,7 +176,7 @@ class BucketedDDP(_Replicated):
 
     ``overlap=False`` still buckets but starts every all-reduce only after
     backward (to measure what overlap buys). ``trace.steps`` holds a
-    :class:`~distlab.parallel.trace.StepTrace` per step.
+    :class:`~distlab.parallel.data.step_trace.StepTrace` per step.
     """
 
     def __init__(

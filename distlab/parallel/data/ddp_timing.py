@@ -4,9 +4,9 @@ Three ways to average the same gradients, on copies of the same model, each
 doing the same steps:
 
 ==========================  ===================================================
-``"naive"``                 :class:`~distlab.parallel.ddp.NaiveDDP`: after
+``"naive"``                 :class:`~distlab.parallel.data.ddp.NaiveDDP`: after
                             backward, one all-reduce per parameter tensor
-``"bucketed"``              :class:`~distlab.parallel.ddp.BucketedDDP` with
+``"bucketed"``              :class:`~distlab.parallel.data.ddp.BucketedDDP` with
                             ``overlap=False``: one all-reduce per bucket, all
                             after backward (what fewer, larger messages buy)
 ``"bucketed_overlap"``      ``BucketedDDP`` as DDP runs it: each bucket's
@@ -37,10 +37,9 @@ import torch
 import torch.distributed as dist
 
 from distlab.models import MLP
-
-from .buckets import DEFAULT_BUCKET_CAP_MB
-from .ddp import BucketedDDP, NaiveDDP
-from .trace import StepTrace
+from distlab.parallel.comm.buckets import DEFAULT_BUCKET_CAP_MB
+from distlab.parallel.data.ddp import BucketedDDP, NaiveDDP
+from distlab.parallel.data.step_trace import StepTrace
 
 VARIANTS = ("naive", "bucketed", "bucketed_overlap")
 

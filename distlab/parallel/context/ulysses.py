@@ -19,7 +19,7 @@ output) and four backward (their gradients), each sending ``(N-1)/N`` of the
 ``b s/N h`` elements it holds: :func:`distlab.calc.comm.ulysses_comm`.
 N must divide the number of heads (:meth:`Ulysses.check_heads`).
 
-Either split of :mod:`distlab.parallel.context` works: after the all-to-all a
+Either split of :mod:`distlab.parallel.context.ring` works: after the all-to-all a
 rank holds every rank's tokens in rank order, and the causal mask is built
 from their global positions. Tensors are ``(batch, heads, seq, head_dim)``;
 ``ContextParallelBlock(dense, Ulysses(group), seq_len=s)`` is a GPT block
@@ -33,9 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from distlab.collectives import all_to_all
-
-from .comm_trace import traced
-from .context import ContextGroup, causal_attention_at
+from distlab.parallel.comm.trace import traced
+from distlab.parallel.context.ring import ContextGroup, causal_attention_at
 
 
 @dataclass
@@ -107,7 +106,7 @@ def ulysses_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: Ulysses, seq_len: int
 ) -> torch.Tensor:
     """Causal softmax(Q K^T / sqrt(d)) V for this rank's tokens over the whole sequence,
-    each argument being this rank's tokens (:func:`~distlab.parallel.context.split_sequence`)."""
+    each argument being this rank's tokens (:func:`~distlab.parallel.context.ring.split_sequence`)."""
     cp.check_shapes(q, k, v, seq_len)
     cp.check_heads(q.shape[1])
     q_all, k_all, v_all = (sequence_to_heads(t, cp) for t in (q, k, v))

@@ -26,8 +26,7 @@ from torch import nn
 
 from distlab.collectives.buffers import Group
 from distlab.core.checks import positive_int
-
-from .comm import Collectives
+from distlab.parallel.comm.collectives import Collectives
 
 
 def _channel_sum(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Timestamps of one training step, per gradient bucket: is communication hidden?
 
-For each bucket, :class:`BucketedDDP <distlab.parallel.ddp.BucketedDDP>`
+For each bucket, :class:`BucketedDDP <distlab.parallel.data.ddp.BucketedDDP>`
 records when its last gradient was produced (``ready``), when its all-reduce
 started on the communication thread (``start``) and when it ended
 (``end``); for the step, when forward started and ended and when backward
@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
-from .comm import now
+from distlab.parallel.comm.collectives import now
 
 
 @dataclass

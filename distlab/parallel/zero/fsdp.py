@@ -2,7 +2,7 @@
 
 The model is cut into *units* (the wrapping policy: one per layer, or the
 whole model as one). Each unit's parameters are flattened and sharded K ways
-(:mod:`distlab.parallel.flat`); between uses, a rank holds only its shard.
+(:mod:`distlab.parallel.zero.flat`); between uses, a rank holds only its shard.
 Per unit and step (Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling
 Fully Sharded Data Parallel", Section 3.2; Rajbhandari et al. 2020,
 Section 5.3):
@@ -21,7 +21,7 @@ Freeing keeps the tensors: the flat buffer's *storage* is resized to zero
 bytes and back (as PyTorch FSDP does), so the parameter objects, and the
 views autograd saved for backward, stay valid and see the data again once
 it is re-gathered. Before-backward is a hook on the unit's output tensors;
-after-backward is :class:`~distlab.parallel.buckets.ReadyInOrder` over each
+after-backward is :class:`~distlab.parallel.comm.buckets.ReadyInOrder` over each
 unit's parameters, units in reverse order.
 
 ``prefetch=True`` starts the all-gather of the next unit (in the order the
@@ -44,7 +44,7 @@ steps fp32 shards. Per rank that is the ``fp32_adam`` recipe at ZeRO stage 3,
 (2 + 2 + 12)Ψ/K split another way: here the master is the parameter, there it is
 optimizer state; plus one unit's gathered 16-bit weights while it computes.
 For fp16 a loss scale is still needed (gradients below 2^-24 flush to zero in the
-16-bit backward): a :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
+16-bit backward): a :class:`~distlab.parallel.precision.mixed_precision.MixedPrecisionOptimizer`
 with a ``DynamicLossScaler``, built on the FSDP model, steps the fp32 shards in place
 and asks :meth:`FSDP.any_rank` whether any rank overflowed (a rank sees only its
 shard's gradients), so all ranks skip the same steps.
@@ -97,12 +97,11 @@ import torch
 from torch import nn
 
 from distlab.collectives.buffers import Group
-
-from .buckets import ReadyInOrder
-from .comm import Collectives, CommThread, broadcast_module_state
-from .flat import FlatGroup, named_parameter_index
-from .memory import storage_bytes
-from .mixed_precision import MixedPrecisionPolicy
+from distlab.parallel.comm.buckets import ReadyInOrder
+from distlab.parallel.comm.collectives import Collectives, CommThread, broadcast_module_state
+from distlab.parallel.precision.memory import storage_bytes
+from distlab.parallel.precision.mixed_precision import MixedPrecisionPolicy
+from distlab.parallel.zero.flat import FlatGroup, named_parameter_index
 
 WRAP_POLICIES = ("layer", "model")
 
@@ -205,7 +204,7 @@ class FSDP(nn.Module):
     the shards plus the largest unit without prefetch, plus two units with it.
     ``prefetched_gathers`` counts the all-gathers that prefetch started early
     and a unit then used. ``mixed_precision``: a
-    :class:`~distlab.parallel.mixed_precision.MixedPrecisionPolicy` (``None``:
+    :class:`~distlab.parallel.precision.mixed_precision.MixedPrecisionPolicy` (``None``:
     compute and reduce in the model's own dtype).
     """
 
@@ -374,7 +373,7 @@ class FSDP(nn.Module):
         """This rank's shards, one per flat group: what a torch optimizer updates (fp32
         under a policy). A ``MixedPrecisionOptimizer`` on 16-bit shards (a model cast
         before wrapping) updates fp32 copies instead and rounds back (see
-        :class:`~distlab.parallel.checkpoint.FSDPMasters`)."""
+        :class:`~distlab.parallel.checkpoint.data_parallel.FSDPMasters`)."""
         return [u.shard for u in self.units]
 
     def after_load(self) -> None:
@@ -382,7 +381,7 @@ class FSDP(nn.Module):
 
     def model_state_tensors(self) -> dict[str, list]:
         """Shards (and any gathered units) and their gradients (full ones if gathered; see
-        :mod:`distlab.parallel.memory`)."""
+        :mod:`distlab.parallel.precision.memory`)."""
         return {
             "parameters": [u.shard for u in self.units] + [u.full for u in self.units],
             "gradients": [u.shard.grad for u in self.units] + [u.full_grad for u in self.units],

@@ -20,7 +20,7 @@ rules give that:
 3. **Resume from the last good commit.** :func:`latest_checkpoint` picks the
    highest ``step-N`` folder that holds a commit, skipping one whose save was
    interrupted; it reads only the commits. A restart should call
-   :func:`~distlab.parallel.checkpoint.latest_verified_checkpoint` instead,
+   :func:`~distlab.parallel.checkpoint.data_parallel.latest_verified_checkpoint` instead,
    which also checks the files (rule 2) and falls back past a damaged step,
    warning which steps it skipped and why.
 
@@ -214,7 +214,7 @@ def latest_checkpoint(folder: str | os.PathLike, prefix: str = "step-") -> tuple
     skipped. Only the commits are read, not the files they list: a committed
     step whose shard was damaged afterwards is still returned, and loading it
     fails. To restart, use
-    :func:`~distlab.parallel.checkpoint.latest_verified_checkpoint`, which
+    :func:`~distlab.parallel.checkpoint.data_parallel.latest_verified_checkpoint`, which
     verifies each step's files, newest first, and falls back to the newest that
     loads.
     """

@@ -6,7 +6,7 @@ the model, its routing groups and the expert-parallel block that
 :func:`~distlab.parallel.compose.parallelize` puts in place of each MoE block.
 
 **The model.** :class:`MoEGPT` is :class:`distlab.models.GPT` with the MLP of
-every ``every``-th block replaced by a :class:`~distlab.parallel.moe.MoE`
+every ``every``-th block replaced by a :class:`~distlab.parallel.moe.layer.MoE`
 (router + ``E`` expert MLPs; Switch Transformer, Fedus et al. 2021, Section 2.1;
 GShard, Lepikhin et al. 2020, Section 2.1, replaces every other block's;
 Megatron-core calls ``every`` ``--moe-layer-freq``). Each MoE layer routes
@@ -28,8 +28,8 @@ slices the replicas get, and then equals the distributed run exactly.
 **The parallel model** (:func:`parallel_moe_gpt`): attention, embedding and
 dense MLPs are Megatron tensor-parallel exactly as in
 :class:`~distlab.parallel.tensor.ParallelGPT`; a MoE layer is an
-:class:`~distlab.parallel.moe.ExpertParallelMoE` over the ``"ep"`` group of
-:func:`~distlab.parallel.mesh.build_mesh`: the ranks with the same TP
+:class:`~distlab.parallel.moe.layer.ExpertParallelMoE` over the ``"ep"`` group of
+:func:`~distlab.parallel.compose.mesh.build_mesh`: the ranks with the same TP
 coordinate in the data-parallel dimension, each holding ``E/ep`` whole experts
 (expert tensor parallelism 1). The TP ranks of a replica hold the same
 residual stream, so they compute the same routing on the same tokens, each in
@@ -44,7 +44,7 @@ sequence parallelism here): splitting would add a scatter and a gather around
 each MoE layer and tie the expert placement to tp. The price is that each TP
 rank repeats its replica's expert compute and all-to-alls (t-fold).
 
-**Gradients** (:func:`~distlab.parallel.moe.average_moe_gradients`). Each
+**Gradients** (:func:`~distlab.parallel.moe.layer.average_moe_gradients`). Each
 replica r's loss L_r is the mean over its b/dp sequences, the job's loss
 L = (1/dp) sum_r L_r. A dense parameter (TP shard, LayerNorm, router) is
 averaged over the ``dp`` ranks with its TP coordinate:
@@ -67,7 +67,7 @@ from torch import nn
 from distlab.calc.moe import expert_capacity
 from distlab.core.checks import positive_int
 from distlab.models import GPT, GPTBlock, GPTConfig
-from distlab.parallel.moe import ExpertParallelMoE, MoE
+from distlab.parallel.moe.layer import ExpertParallelMoE, MoE
 from distlab.parallel.tensor import (
     ParallelBlock,
     ParallelGPT,
@@ -180,7 +180,7 @@ def parallel_moe_gpt(
 ) -> ParallelGPT:
     """This rank's share of ``dense``: a :class:`ParallelGPT` whose MoE blocks are
     :class:`ParallelMoEBlock` s (experts spread over ``ep_group``, all-to-all
-    ``algorithm`` as in :data:`distlab.parallel.moe.ALL_TO_ALL_ALGORITHMS`)."""
+    ``algorithm`` as in :data:`distlab.parallel.moe.layer.ALL_TO_ALL_ALGORITHMS`)."""
 
     def make_block(block: GPTBlock, comm: TensorParallelComm, *, sequence_parallel: bool):
         if isinstance(block.mlp, MoE):

@@ -6,15 +6,15 @@ what to call forward on and whose ``optimizer`` has ``step()`` and
 
 =====================  =======================================================
 ``"single"``           the plain model and optimizer (no communication)
-``"naive_ddp"``        :class:`~distlab.parallel.ddp.NaiveDDP`
-``"bucketed_ddp"``     :class:`~distlab.parallel.ddp.BucketedDDP` (overlap)
-``"zero1"``            plain model + :class:`~distlab.parallel.zero.ZeroOptimizer` stage 1
+``"naive_ddp"``        :class:`~distlab.parallel.data.ddp.NaiveDDP`
+``"bucketed_ddp"``     :class:`~distlab.parallel.data.ddp.BucketedDDP` (overlap)
+``"zero1"``            plain model + :class:`~distlab.parallel.zero.optimizer.ZeroOptimizer` stage 1
 ``"zero2"``            the same, stage 2
-``"fsdp"``             :class:`~distlab.parallel.fsdp.FSDP` + optimizer on its shards
+``"fsdp"``             :class:`~distlab.parallel.zero.fsdp.FSDP` + optimizer on its shards
 =====================  =======================================================
 
 A bf16/fp16 model trains through fp32 master weights (the ``mixed_adam``
-recipe): :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
+recipe): :class:`~distlab.parallel.precision.mixed_precision.MixedPrecisionOptimizer`
 for single, DDP and FSDP (masters of the shards), ZeRO's own master shards
 for ZeRO. For FSDP the better way is an fp32 model with
 ``mixed_precision=MixedPrecisionPolicy(param_dtype=...)``, as FSDP2: the fp32
@@ -37,15 +37,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from distlab.core.checks import positive
-
-from .accumulation import accumulate_gradients
-from .buckets import DEFAULT_BUCKET_CAP_MB
-from .comm import world
-from .data import shard_batch
-from .ddp import BucketedDDP, NaiveDDP
-from .fsdp import FSDP
-from .mixed_precision import LOW_PRECISION, MixedPrecisionOptimizer, MixedPrecisionPolicy
-from .zero import ZeroOptimizer
+from distlab.parallel.comm.buckets import DEFAULT_BUCKET_CAP_MB
+from distlab.parallel.comm.collectives import world
+from distlab.parallel.data.accumulation import accumulate_gradients
+from distlab.parallel.data.ddp import BucketedDDP, NaiveDDP
+from distlab.parallel.data.sampler import shard_batch
+from distlab.parallel.precision.mixed_precision import (
+    LOW_PRECISION,
+    MixedPrecisionOptimizer,
+    MixedPrecisionPolicy,
+)
+from distlab.parallel.zero.fsdp import FSDP
+from distlab.parallel.zero.optimizer import ZeroOptimizer
 
 METHODS = ("single", "naive_ddp", "bucketed_ddp", "zero1", "zero2", "fsdp")
 
@@ -153,9 +156,9 @@ def train_step(
     """One step on this rank's shard of ``global_batch``; returns the mean local loss.
 
     ``"single"`` trains on the whole batch; every other method takes its
-    :func:`~distlab.parallel.data.shard_batch` part. ``micro_batches > 1``
+    :func:`~distlab.parallel.data.sampler.shard_batch` part. ``micro_batches > 1``
     accumulates gradients (loss divided by their number). An optimizer with a
-    loss scale (a :class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer`
+    loss scale (a :class:`~distlab.parallel.precision.mixed_precision.MixedPrecisionOptimizer`
     with a ``loss_scaler``) gets its loss multiplied by that scale.
     """
     rank, world_size = world()

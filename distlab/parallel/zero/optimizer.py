@@ -4,7 +4,7 @@ Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training
 Trillion Parameter Models", Section 5.1-5.2, Figure 1). In plain data
 parallelism every rank keeps the full optimizer state and runs the same
 update K times. ZeRO splits the flattened parameters into K shards
-(:mod:`distlab.parallel.flat`) and lets rank ``r`` update only shard ``r``:
+(:mod:`distlab.parallel.zero.flat`) and lets rank ``r`` update only shard ``r``:
 
 * **stage 1 (P_os)**: the optimizer state (Adam's m and v, and the fp32
   master weights if the model is in bf16/fp16) exists only for the own shard.
@@ -13,7 +13,7 @@ update K times. ZeRO splits the flattened parameters into K shards
   an **all-gather** puts the updated parameters back on every rank.
 * **stage 2 (P_os+g)**: in addition, gradients are reduce-scattered *during*
   backward, bucket by bucket as they become ready (buckets as in DDP, see
-  :mod:`distlab.parallel.buckets`), and the full gradients are freed at once:
+  :mod:`distlab.parallel.comm.buckets`), and the full gradients are freed at once:
   a rank keeps only its shard's gradient.
 
 Per step a rank sends Ψ(K-1)/K elements in the reduce-scatter and Ψ(K-1)/K
@@ -31,17 +31,16 @@ import torch
 from torch import nn
 
 from distlab.collectives.buffers import Group
-
-from .buckets import (
+from distlab.parallel.comm.buckets import (
     DEFAULT_BUCKET_CAP_MB,
     ReadyInOrder,
     assign_buckets,
     bucket_cap_bytes,
     trainable_parameters,
 )
-from .comm import Collectives, broadcast_module_state
-from .flat import FlatGroup
-from .memory import optimizer_state_tensors
+from distlab.parallel.comm.collectives import Collectives, broadcast_module_state
+from distlab.parallel.precision.memory import optimizer_state_tensors
+from distlab.parallel.zero.flat import FlatGroup
 
 
 class ZeroOptimizer:
@@ -136,7 +135,7 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------- memory ----
     def model_state_tensors(self) -> dict[str, list]:
-        """What this rank holds (see :mod:`distlab.parallel.memory`)."""
+        """What this rank holds (see :mod:`distlab.parallel.precision.memory`)."""
         params = list(self.model.parameters())
         grads = [p.grad for p in params] + self.grad_shards
         states, counters = optimizer_state_tensors(self.optimizer)

@@ -47,8 +47,8 @@ from distlab.calc.moe import expert_capacity
 from distlab.collectives import all_to_all
 from distlab.collectives.buffers import Group
 from distlab.core.checks import positive_int
-from distlab.parallel.comm import Collectives
-from distlab.parallel.comm_trace import traced
+from distlab.parallel.comm.collectives import Collectives
+from distlab.parallel.comm.trace import traced
 
 #: ``"pairwise"``: distlab's all-to-all (send/recv); ``"builtin"``: ``dist.all_to_all_single``.
 ALL_TO_ALL_ALGORITHMS = ("pairwise", "builtin")
@@ -137,7 +137,7 @@ class Router(nn.Linear):
     choice moves a token to another expert, a large change; under ``torch.autocast`` the
     experts still run in 16 bits. The layer is called as a module (not read through its
     weight) so that whatever wraps modules sees its forward: FSDP gathers a unit's
-    parameters in a hook before the unit's forward (:mod:`distlab.parallel.fsdp`)."""
+    parameters in a hook before the unit's forward (:mod:`distlab.parallel.zero.fsdp`)."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         with torch.autocast(tokens.device.type, enabled=False):
@@ -304,8 +304,8 @@ def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") ->
     contributions of the tokens of every rank in its ``"ep"`` group (they
     came back through the all-to-all), so it is **summed** over the
     ``"expert_dp"`` group and divided by ``dp * cp`` (not by the expert-dp size).
-    ``mesh``: a :class:`distlab.parallel.mesh.ParallelMesh`; ``algorithm`` as in
-    :class:`distlab.parallel.comm.Collectives`.
+    ``mesh``: a :class:`distlab.parallel.compose.mesh.ParallelMesh`; ``algorithm`` as in
+    :class:`distlab.parallel.comm.collectives.Collectives`.
     """
     dense = Collectives(algorithm, group=mesh["dp-cp"])
     expert = Collectives(algorithm, group=mesh["expert_dp"])

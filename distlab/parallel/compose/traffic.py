@@ -1,6 +1,6 @@
 """A traced step's communication, per group and collective, against the calculator's prediction.
 
-:func:`trace_table` sums every rank's :class:`~distlab.parallel.comm_trace.CommCall`
+:func:`trace_table` sums every rank's :class:`~distlab.parallel.comm.trace.CommCall`
 per (group, collective) and puts the prediction beside it
 (:func:`distlab.calc.three_d.job_comm_totals`, summed over the same ranks).
 Summing over ranks makes distlab's ring exact for any element count: a ring
@@ -11,7 +11,7 @@ all, which is K times the per-rank 2 (K-1)/K n of
 chunks it never sends, equal to the formula only when K divides n).
 A row the calculator does not model shows ``-`` and ``not modelled``.
 
-:func:`trace_three_d` runs one :func:`~distlab.parallel.three_d.train_3d`
+:func:`trace_three_d` runs one :func:`~distlab.parallel.compose.three_d.train_3d`
 step on ``tp * pp * dp`` gloo processes inside :func:`trace_comm` and returns the table.
 """
 
@@ -32,8 +32,8 @@ from distlab.calc.three_d import (
 from distlab.core.units import format_bytes
 from distlab.launch import run
 from distlab.models import gpt_batch
+from distlab.parallel.comm.trace import CommCall, trace_comm
 
-from .comm_trace import CommCall, trace_comm
 from .three_d import train_3d
 
 

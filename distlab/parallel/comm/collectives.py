@@ -13,7 +13,7 @@ It also counts the calls and elements per collective (``calls``,
 ``elements``), so a test can check that a wrapper really communicates; the
 *wire* bytes of distlab's algorithms are counted by
 :func:`distlab.collectives.count_traffic`, and every call is reported to an
-open :func:`distlab.parallel.comm_trace.trace_comm` (by group name).
+open :func:`distlab.parallel.comm.trace.trace_comm` (by group name).
 
 Averaging is always "sum, then divide by the world size": the same rounding
 on every path, whatever the algorithm.
@@ -41,9 +41,8 @@ import torch.distributed as dist
 
 from distlab.collectives import ring_all_gather, ring_reduce_scatter, tree_broadcast
 from distlab.collectives.buffers import global_rank
+from distlab.parallel.comm.trace import traced
 from distlab.sim.algorithms import ALL_REDUCE
-
-from .comm_trace import traced
 
 #: "builtin" plus the one-level all-reduces of the algorithm registry
 #: (:data:`distlab.sim.algorithms.REGISTRY`, through :data:`distlab.sim.algorithms.ALL_REDUCE`)

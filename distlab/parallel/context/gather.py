@@ -2,14 +2,14 @@
 
 Dubey et al. 2024, "The Llama 3 Herd of Models", Section 3.3.2. Each of N
 ranks holds s/N tokens of Q, K and V (contiguous or zig-zag split, as in
-:mod:`distlab.parallel.context`; Llama 3 uses the zig-zag one for balance).
+:mod:`distlab.parallel.context.ring`; Llama 3 uses the zig-zag one for balance).
 Forward: one all-gather of the stacked K/V over the group, then this
 rank's queries attend to the whole sequence with the causal mask at their
 global positions. Backward: the gradient of the gathered K/V is
 reduce-scattered, so each rank receives the sum of every rank's gradient for
 its own tokens (the adjoint of an all-gather).
 
-Against ring attention (:class:`~distlab.parallel.context.Ring`), per layer:
+Against ring attention (:class:`~distlab.parallel.context.ring.Ring`), per layer:
 
 * bytes: the same as distlab's ring, which keeps every K/V block for backward.
   A ring all-gather of N blocks sends N-1 blocks, as the ring does hop by hop;
@@ -36,9 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from distlab.collectives.traffic import count_traffic
-
-from .comm import Collectives
-from .context import ContextGroup, causal_attention_at
+from distlab.parallel.comm.collectives import Collectives
+from distlab.parallel.context.ring import ContextGroup, causal_attention_at
 
 
 @dataclass

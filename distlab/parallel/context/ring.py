@@ -46,8 +46,8 @@ from torch import nn
 from distlab.collectives.buffers import global_rank
 from distlab.core.sequence_split import chunk_count, chunks_of
 from distlab.models import GPTBlock, dropout
-from distlab.parallel.comm import Collectives
-from distlab.parallel.comm_trace import record_p2p
+from distlab.parallel.comm.collectives import Collectives
+from distlab.parallel.comm.trace import record_p2p
 
 
 def local_positions(seq_len: int, cp: int, rank: int, split: str) -> torch.Tensor:
@@ -75,8 +75,8 @@ class ContextGroup:
 
     The three ways to run attention over the group are its subclasses, each with
     an :meth:`attend`: :class:`Ring` (ring attention, here),
-    :class:`~distlab.parallel.context_gather.KVGather` (all-gather K/V, Llama 3)
-    and :class:`~distlab.parallel.ulysses.Ulysses` (all-to-all, DeepSpeed-Ulysses).
+    :class:`~distlab.parallel.context.gather.KVGather` (all-gather K/V, Llama 3)
+    and :class:`~distlab.parallel.context.ulysses.Ulysses` (all-to-all, DeepSpeed-Ulysses).
     """
 
     group: object = None
@@ -247,8 +247,8 @@ class ContextParallelBlock(nn.Module):
 
     ``cp`` is a :class:`ContextGroup` and says how attention reaches the other
     ranks' tokens: a :class:`Ring` (ring attention), a
-    :class:`~distlab.parallel.context_gather.KVGather` (all-gather K/V) or a
-    :class:`~distlab.parallel.ulysses.Ulysses` (all-to-all to heads and back).
+    :class:`~distlab.parallel.context.gather.KVGather` (all-gather K/V) or a
+    :class:`~distlab.parallel.context.ulysses.Ulysses` (all-to-all to heads and back).
     Every weight is replicated (as in data parallelism); only attention needs
     the other ranks' tokens. Each rank's weight gradients cover its tokens, so
     :meth:`finish_gradients` sums them over the group (Megatron-LM reduces

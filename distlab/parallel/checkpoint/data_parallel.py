@@ -19,17 +19,17 @@ order). Hyperparameters come from the optimizer the caller builds again.
   world size.
 
 Supported pairs: a plain module or DDP wrapper with a torch optimizer or a
-:class:`~distlab.parallel.mixed_precision.MixedPrecisionOptimizer` (its fp32
+:class:`~distlab.parallel.precision.mixed_precision.MixedPrecisionOptimizer` (its fp32
 masters are saved as the weights, with its loss scale); any model with a
-:class:`~distlab.parallel.zero.ZeroOptimizer`; an
-:class:`~distlab.parallel.fsdp.FSDP` model with a torch optimizer or a
+:class:`~distlab.parallel.zero.optimizer.ZeroOptimizer`; an
+:class:`~distlab.parallel.zero.fsdp.FSDP` model with a torch optimizer or a
 ``MixedPrecisionOptimizer`` over ``fsdp.parameters()`` (the fp32 masters of
 the shards and the loss scale are saved). A sharded owner is anything that
 offers :class:`ShardedTraining`. Every function is collective: call it on
 all ranks.
 
 Every save is atomic and every load verified
-(:mod:`~distlab.parallel.checkpoint_files`): a sharded save writes a new data
+(:mod:`~distlab.parallel.checkpoint.files`): a sharded save writes a new data
 folder and publishes it with one rename of ``COMMIT.json``, which records each
 file's SHA-256; a full save writes a temporary file and renames it, with a
 checksum of its tensors inside. A torn, damaged or foreign checkpoint is
@@ -57,14 +57,13 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.collectives.buffers import Group
-
-from . import checkpoint_files as files
-from .checkpoint_files import CheckpointError, CheckpointWarning, latest_checkpoint
-from .comm import Collectives, world
-from .flat import FlatGroup, named_parameter_index
-from .fsdp import FSDP
-from .mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer
-from .zero import ZeroOptimizer
+from distlab.parallel.checkpoint import files
+from distlab.parallel.checkpoint.files import CheckpointError, CheckpointWarning, latest_checkpoint
+from distlab.parallel.comm.collectives import Collectives, world
+from distlab.parallel.precision.mixed_precision import DynamicLossScaler, MixedPrecisionOptimizer
+from distlab.parallel.zero.flat import FlatGroup, named_parameter_index
+from distlab.parallel.zero.fsdp import FSDP
+from distlab.parallel.zero.optimizer import ZeroOptimizer
 
 __all__ = [
     "CheckpointError",
@@ -88,8 +87,8 @@ __all__ = [
 class ShardedTraining(Protocol):
     """What a wrapper must offer for its flat, sharded state to be checkpointed.
 
-    :class:`~distlab.parallel.zero.ZeroOptimizer` and
-    :class:`~distlab.parallel.fsdp.FSDP` offer it (and :class:`FSDPMasters`
+    :class:`~distlab.parallel.zero.optimizer.ZeroOptimizer` and
+    :class:`~distlab.parallel.zero.fsdp.FSDP` offer it (and :class:`FSDPMasters`
     for FSDP trained through a ``MixedPrecisionOptimizer``): the
     checkpoint reads and writes each group's ``masters[i]``, this rank's
     shard at master precision, which is what the optimizer updates.
@@ -474,7 +473,7 @@ def save_sharded(path: str | os.PathLike, model, optimizer) -> None:
     The parts go to a new ``path/data-<token>/`` with DCP; once every rank has
     finished, rank 0 records each file's SHA-256 in ``path/COMMIT.json`` with one
     atomic rename, then removes the previous data folder
-    (:mod:`~distlab.parallel.checkpoint_files`). A save killed half way leaves the
+    (:mod:`~distlab.parallel.checkpoint.files`). A save killed half way leaves the
     previous checkpoint at ``path`` whole.
     """
     import torch.distributed.checkpoint as dcp

@@ -28,7 +28,7 @@ wrapped model, so the masters start from the broadcast weights. Gradients are
 then all-reduced in 16 bits (half of fp32's bytes), and an inf on any rank
 reaches every rank through the sum, so all ranks skip the same steps.
 
-With :class:`~distlab.parallel.fsdp.FSDP`, a :class:`MixedPrecisionPolicy`
+With :class:`~distlab.parallel.zero.fsdp.FSDP`, a :class:`MixedPrecisionPolicy`
 says which dtype the gathered weights (and so the compute) use and which
 dtype the gradients are reduce-scattered in, as PyTorch's FSDP2: the shards
 themselves stay fp32 and are the master weights, so a plain torch optimizer
@@ -47,8 +47,7 @@ import torch
 from torch import nn
 
 from distlab.core.checks import positive_int
-
-from .memory import optimizer_state_tensors
+from distlab.parallel.precision.memory import optimizer_state_tensors
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 FLOATING = (torch.float32, *LOW_PRECISION)
@@ -161,7 +160,7 @@ class MixedPrecisionOptimizer:
     """A model that computes in 16 bits, trained through fp32 master weights.
 
     The masters are fp32 copies of a bf16/fp16 model's weights, updated and
-    rounded back after each step; or, for an :class:`~distlab.parallel.fsdp.FSDP`
+    rounded back after each step; or, for an :class:`~distlab.parallel.zero.fsdp.FSDP`
     model under a 16-bit :class:`MixedPrecisionPolicy`, its fp32 shards
     themselves (FSDP2's design: they already are the masters), stepped in place.
 

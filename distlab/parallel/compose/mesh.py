@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from distlab.core.layout import Layout
 from distlab.core.ranks import DEFAULT_ORDER, GROUP_NAMES
-from distlab.parallel.comm_trace import name_groups
+from distlab.parallel.comm.trace import name_groups
 
 
 class ParallelMesh:
