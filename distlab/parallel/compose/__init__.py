@@ -41,7 +41,7 @@ and FSDP only touch parameters and gradients, so ``train_step`` takes any
 ``nn.Module`` and any loss, which is what notebooks 04-06 need (an MLP, a regression,
 a step written by hand). ``train`` with ``Layout(dp=n, zero_stage=k)`` on the GPT and
 ``train_step`` with ``"zero{k}"`` on the same GPT take the same steps
-(``tests/test_compose.py`` checks that they agree).
+(``tests/test_two_loops.py`` checks that they agree, to fp32 rounding).
 """
 
 from .blocks import ContextParallelAttention, StageEmbedding, StageHead
