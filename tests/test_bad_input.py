@@ -229,7 +229,7 @@ def test_bubble_closed_forms_answer_at_once_for_any_size(monkeypatch):
         ),
         (lambda ps: ps.build("interleaved", 16, 2048, chunks=4), r"chunks=4 = 131,072 slots"),
         (lambda ps: ps.stage_to_rank(ps.MAX_STAGES + 1, 1), r"stages=257 is more than"),
-        (lambda ps: ps.Schedule.parse("0F0 0B0 65536F0"), r"chunks=65537 = 65,537 slots"),
+        (lambda ps: ps.PipelineSchedule.parse("0F0 0B0 65536F0"), r"chunks=65537 = 65,537 slots"),
     ],
     ids=["stages", "slots", "slots-with-chunks", "stage_to_rank", "parsed-chunk"],
 )

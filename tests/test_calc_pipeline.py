@@ -13,7 +13,7 @@ from distlab.calc.pipeline import (
     zb_h1_bubble_time,
     zb_h2_bubble_time,
 )
-from distlab.core.pipeline_schedule import Schedule
+from distlab.core.pipeline_schedule import PipelineSchedule
 from distlab.sim.pipeline_replay import ScheduleError
 
 
@@ -125,7 +125,7 @@ def test_replay_respects_dependencies():
 
 
 def test_replay_detects_deadlock():
-    bad = Schedule.parse("rank 0: 0B0 0F0\nrank 1: 0F0 0B0")
+    bad = PipelineSchedule.parse("rank 0: 0B0 0F0\nrank 1: 0F0 0B0")
     with pytest.raises(ScheduleError, match="rank 0 waits at action 0B0"):
         replay(bad)
 
@@ -153,7 +153,7 @@ def test_replay_detects_deadlock():
             lambda: in_flight_micro_batches(4, 8, schedule="interleaved", virtual_stages=0),
             "virtual_stages must be",
         ),
-        (lambda: Schedule(()), "at least one rank"),
+        (lambda: PipelineSchedule(()), "at least one rank"),
     ],
 )
 def test_bad_input(call, match):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distlab.core.collective_schedule import Schedule, Transfer, chunk_bounds, trace
+from distlab.core.collective_schedule import CollectiveSchedule, Transfer, chunk_bounds, trace
 from distlab.sim.algorithms import SCHEDULES
 
 SIZES = range(1, 17)
@@ -109,13 +109,13 @@ def test_ring_is_bandwidth_optimal(n):
 
 def test_invalid_schedules_are_rejected():
     with pytest.raises(ValueError, match="outside"):
-        Schedule("all_reduce", "bad", 2, 1, ((Transfer(0, 2, (0,), True),),))
+        CollectiveSchedule("all_reduce", "bad", 2, 1, ((Transfer(0, 2, (0,), True),),))
     with pytest.raises(ValueError, match="reads and writes"):
-        Schedule(
+        CollectiveSchedule(
             "all_reduce", "bad", 2, 1, ((Transfer(0, 1, (0,), True), Transfer(1, 0, (0,), True)),)
         )
     with pytest.raises(ValueError, match="unknown collective"):
-        Schedule("gossip", "bad", 2, 1, ())
+        CollectiveSchedule("gossip", "bad", 2, 1, ())
 
 
 @settings(max_examples=200, deadline=None)

@@ -12,7 +12,7 @@ import pytest
 from torch import nn
 
 import distlab
-from distlab.core.pipeline_schedule import Schedule, interleaved
+from distlab.core.pipeline_schedule import PipelineSchedule, interleaved
 from distlab.models import GPT, GPTConfig, gpt_batch
 from distlab.sim.pipeline_replay import ScheduleError, check
 
@@ -41,7 +41,7 @@ def faulty_worker(rank, world_size, fault, text, stage_ranks=None):
     peers = list(range(world_size)) if stage_ranks is None else list(stage_ranks)
     me = peers.index(rank)  # this rank's stage
     stage = gpt_stage(GPT(CONFIG, seed=0), me, world_size)
-    schedule = Schedule.parse(text) if text else build("1f1b", world_size, 4)
+    schedule = PipelineSchedule.parse(text) if text else build("1f1b", world_size, 4)
     if fault == "raise" and me == 1:
         stage.chunks[0] = RaiseAt(stage.chunks[0], 3)  # the forward of micro-batch 2
     if fault == "shape" and me == 0:  # the first stage emits 48 features, the next expects 32
@@ -89,7 +89,7 @@ def test_too_few_micro_batches_fail_before_running():
     with pytest.raises(ValueError, match="micro_batches=2, stages=4"):
         interleaved(4, 2, 2)
     with pytest.raises(ScheduleError, match="rank 1 is missing 0F1"):
-        check(Schedule.parse("rank 0: 0F0 0F1 0B0 0B1\nrank 1: 0F0 0B0"))
+        check(PipelineSchedule.parse("rank 0: 0F0 0F1 0B0 0B1\nrank 1: 0F0 0B0"))
 
 
 def test_batch_must_split_into_micro_batches():

@@ -12,7 +12,7 @@ from distlab.calc.pipeline import bubble_fraction
 from distlab.core.pipeline_schedule import (
     GENERATORS,
     Action,
-    Schedule,
+    PipelineSchedule,
     build,
     chunks_of,
     interleaved,
@@ -49,14 +49,16 @@ def test_text_form_round_trips(name, v):
     plan = build(name, 4, 8, chunks=v)
     mapping = plan.stage_to_rank  # the text form has no mapping: V-shaped ones pass it
     both = plan.bidirectional
-    assert Schedule.parse(str(plan), stage_to_rank=mapping, bidirectional=both) == plan
+    assert PipelineSchedule.parse(str(plan), stage_to_rank=mapping, bidirectional=both) == plan
     lowered = with_communication(plan)
-    again = Schedule.parse(str(lowered), chunks=v, stage_to_rank=mapping, bidirectional=both)
+    again = PipelineSchedule.parse(
+        str(lowered), chunks=v, stage_to_rank=mapping, bidirectional=both
+    )
     assert again == lowered
 
 
 def test_text_form_reads_by_hand():
-    plan = Schedule.parse("rank 0: 0F0 0F1 0B0 0B1\nrank 1: 0F0 0B0 0F1 0B1")
+    plan = PipelineSchedule.parse("rank 0: 0F0 0F1 0B0 0B1\nrank 1: 0F0 0B0 0F1 0B1")
     assert plan.ranks[0][2] == Action(0, "B", 0)
     assert (plan.stages, plan.micro_batches, plan.chunks) == (2, 2, 1)
     assert str(Action.parse("1SB12")) == "1SB12"
@@ -108,25 +110,25 @@ def test_with_communication_pairs_every_send():
 )
 def test_checker_names_rank_and_action(text, match):
     with pytest.raises(ScheduleError, match=match):
-        check(Schedule.parse(text, chunks=1))
+        check(PipelineSchedule.parse(text, chunks=1))
 
 
 def test_send_without_receive_is_named():
-    plan = Schedule.parse("rank 0: 0F0 0SF0 0B0\nrank 1: 0F0 0B0")
+    plan = PipelineSchedule.parse("rank 0: 0F0 0SF0 0B0\nrank 1: 0F0 0B0")
     # rank 1 never receives (it has no RF), and rank 0's backward never gets a gradient either
     with pytest.raises(ScheduleError, match=r"rank 1 waits at action 0F0"):
         check(plan)
-    plan = Schedule.parse("rank 0: 0F0 0SF0 0RB0 0B0\nrank 1: 0RF0 0F0 0SB0 0B0")
+    plan = PipelineSchedule.parse("rank 0: 0F0 0SF0 0RB0 0B0\nrank 1: 0RF0 0F0 0SB0 0B0")
     with pytest.raises(ScheduleError, match="rank 1 waits at action 0SB0"):
         check(plan)
-    plan = Schedule.parse("rank 0: 0F0 0SF0 0RB0 0B0 0SB0\nrank 1: 0RF0 0F0 0B0 0SB0")
+    plan = PipelineSchedule.parse("rank 0: 0F0 0SF0 0RB0 0B0 0SB0\nrank 1: 0RF0 0F0 0B0 0SB0")
     with pytest.raises(ScheduleError, match="rank 0: action 0SB0 talks past the first stage"):
         check(plan)
 
 
 def test_bad_schedule_and_costs():
     with pytest.raises(TypeError, match=r"rank 0: '0F0' is not an Action"):
-        Schedule((("0F0",),))
+        PipelineSchedule((("0F0",),))
     plan = build("1f1b", 2, 2)
     with pytest.raises(ValueError, match=r"forward_time must be a number or 2 numbers"):
         replay(plan, forward_time=[1.0, 2.0, 3.0])
@@ -214,18 +216,18 @@ def test_stage_to_rank_mapping_loop_default_v_and_bad_ones():
     loop = interleaved(2, 4, 2)
     assert loop.stage_to_rank == (0, 1, 0, 1) and loop.placement == "loop"
     assert stage_to_rank(3, 2, "v") == (0, 1, 2, 2, 1, 0)
-    v = Schedule(loop.ranks, 2, stage_to_rank=(0, 1, 1, 0))
+    v = PipelineSchedule(loop.ranks, 2, stage_to_rank=(0, 1, 1, 0))
     assert v.placement == "v" and v.virtual_stage(0, 1) == 3 and v.chunk_of(2) == 1
     assert v != loop  # same actions, another placement
     with pytest.raises(ValueError, match="gives rank 0 3 stages"):
-        Schedule(loop.ranks, 2, stage_to_rank=(0, 0, 0, 1))
+        PipelineSchedule(loop.ranks, 2, stage_to_rank=(0, 0, 0, 1))
     with pytest.raises(ValueError, match="each of the 4 virtual stages"):
-        Schedule(loop.ranks, 2, stage_to_rank=(0, 1, 2, 1))
+        PipelineSchedule(loop.ranks, 2, stage_to_rank=(0, 1, 2, 1))
 
 
 def test_declared_micro_batches_lets_check_name_an_out_of_range_action():
 
-    s = Schedule.parse("0F0 0F1 0B0 0B1", micro_batches=1)
+    s = PipelineSchedule.parse("0F0 0F1 0B0 0B1", micro_batches=1)
     with pytest.raises(
         ScheduleError, match=r"rank 0: action 0F1 \(position 1\) uses micro-batch 1, but m=1"
     ):
@@ -376,14 +378,14 @@ def test_dualpipe_runs_two_pipelines_one_each_way():
     timeline = replay(plan, forward_time=1, backward_time=2)
     assert timeline.makespan == replay(lowered, forward_time=1, backward_time=2).makespan
     # a chunk that runs a micro-batch outside its route is named
-    wrong = Schedule(
+    wrong = PipelineSchedule(
         ((Action(0, "F", 4),),) + plan.ranks[1:], 2, micro_batches=8,
         stage_to_rank=plan.stage_to_rank, bidirectional=True,
     )  # fmt: skip
     with pytest.raises(ScheduleError, match="micro-batch 4 goes through stages 4..7 only"):
         check(wrong)
     with pytest.raises(ValueError, match="needs an even number of virtual stages and of"):
-        Schedule(
+        PipelineSchedule(
             plan.ranks, 2, micro_batches=7, stage_to_rank=plan.stage_to_rank, bidirectional=True
         )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distlab.parallel.pipeline import (
-    Schedule,
+    PipelineSchedule,
     ScheduleError,
     build,
     check,
@@ -118,7 +118,7 @@ def _torch_executed_1f1b(p, m):
             if warmup + k < m:
                 row.append(f"0F{warmup + k}")
         ranks.append(" ".join(row))
-    return Schedule.parse("\n".join(ranks), micro_batches=m)
+    return PipelineSchedule.parse("\n".join(ranks), micro_batches=m)
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 4), (4, 8)])
@@ -153,7 +153,7 @@ def test_v_shaped_schedule_replays_with_a_small_bubble():
     assert 0 < timeline.bubble_fraction < one_f.bubble_fraction / 3
     assert timeline.bubble_fraction == pytest.approx(1 / 17)
     # the same actions read loop-around deadlock: the mapping is what makes it valid
-    loop = Schedule(zbv.ranks, 2, micro_batches=8)
+    loop = PipelineSchedule(zbv.ranks, 2, micro_batches=8)
     with pytest.raises(ScheduleError, match="deadlocks"):
         check(loop)
 

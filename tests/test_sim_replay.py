@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from distlab.core.collective_schedule import Schedule, Transfer
+from distlab.core.collective_schedule import CollectiveSchedule, Transfer
 from distlab.sim import build_schedule, crossover_size, preset, simulate
 from distlab.sim.replay import chunk_sizes_bytes
 from distlab.sim.topology import Link, shared_bus, uniform_cluster
@@ -15,7 +15,7 @@ LINK = Link("u", alpha=1e-5, bandwidth=1e9)
 
 
 def one_step(n, *transfers, n_chunks=1, collective="all_reduce"):
-    return Schedule(collective, "hand-made", n, n_chunks, (tuple(transfers),))
+    return CollectiveSchedule(collective, "hand-made", n, n_chunks, (tuple(transfers),))
 
 
 def test_one_message_costs_alpha_plus_bytes_over_bandwidth():
@@ -163,7 +163,9 @@ def test_bad_inputs_name_the_value():
         simulate(s, uniform_cluster(8, LINK), 4096, placement=[0, 1, 2])
     with pytest.raises(ValueError, match="two ranks on one GPU"):
         simulate(s, uniform_cluster(8, LINK), 4096, placement=[0, 1, 1, 2])
-    with pytest.raises(ValueError, match=r"placement's GPU \(cluster 'uniform'\) must be an integer in 0..7, got 9"):
+    with pytest.raises(
+        ValueError, match=r"placement's GPU \(cluster 'uniform'\) must be an integer in 0..7, got 9"
+    ):
         simulate(s, uniform_cluster(8, LINK), 4096, placement=[0, 1, 2, 9])
     with pytest.raises(TypeError, match="ClusterSpec, a preset name or a Link"):
         simulate(s, 3.5, 4096)

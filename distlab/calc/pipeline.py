@@ -62,12 +62,14 @@ for bounded sizes only (:func:`schedule_ops`).
 
 from __future__ import annotations
 
+import warnings
+
 from distlab.core.checks import choice, positive, positive_int
 from distlab.core.pipeline_schedule import (
     GENERATORS,
     LOOPING,
     V_SHAPED,
-    Schedule,
+    PipelineSchedule,
     build,
     check_v_shape,
 )
@@ -183,7 +185,7 @@ def chunk_switches(
     stages: int, micro_batches: int, *, schedule: str, virtual_stages: int = 2, rank: int = 0
 ) -> int:
     """How often ``rank`` moves from one model chunk to another in one step of
-    ``schedule`` (:meth:`~distlab.core.pipeline_schedule.Schedule.chunk_switches`): each
+    ``schedule`` (:meth:`~distlab.core.pipeline_schedule.PipelineSchedule.chunk_switches`): each
     move gathers the next chunk's weights again under ZeRO-3/FSDP. Breadth-first (Lamy-Poirier
     2023): 2v - 2, whatever m; depth-first (``"interleaved"``): more as m grows."""
     return build(schedule, stages, micro_batches, chunks=virtual_stages).chunk_switches(rank)
@@ -248,8 +250,8 @@ def _zb_needs_enough_micro_batches(p: int, m: int) -> None:
 
 def schedule_ops(
     stages: int, micro_batches: int, *, schedule: str = "1f1b", virtual_stages: int = 1
-) -> Schedule:
-    """The :class:`~distlab.core.pipeline_schedule.Schedule` these formulas describe
+) -> PipelineSchedule:
+    """The :class:`~distlab.core.pipeline_schedule.PipelineSchedule` these formulas describe
     (``build`` from :mod:`distlab.core.pipeline_schedule` with this module's argument names).
     A schedule lists every action, so it is built for at most
     :data:`~distlab.core.pipeline_schedule.MAX_STAGES` stages and
@@ -263,7 +265,7 @@ def schedule_ops(
 __all__ = [
     "RELATIVE_TO",
     "SCHEDULES",
-    "Schedule",
+    "PipelineSchedule",
     "Timeline",
     "bubble_fraction",
     "dualpipe_bubble_time",
@@ -273,3 +275,15 @@ __all__ = [
     "zb_h1_bubble_time",
     "zb_h2_bubble_time",
 ]
+
+
+def __getattr__(name: str):
+    # The old name, which learners' notebooks from older releases still import from here.
+    if name == "Schedule":
+        warnings.warn(
+            f"{__name__}.Schedule is now called PipelineSchedule: import that name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PipelineSchedule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Collective algorithms written from scratch on ``torch.distributed`` send/recv.
 
-Each algorithm is a :class:`~distlab.core.collective_schedule.Schedule` (data:
+Each algorithm is a :class:`~distlab.core.collective_schedule.CollectiveSchedule` (data:
 which chunks move where, step by step) plus one shared executor. The public
 functions mirror ``torch.distributed`` (tensor in place, ``op``, ``group``)
 and are named ``<algorithm>_<collective>``.
@@ -13,7 +13,9 @@ cost and its runner is :data:`distlab.sim.algorithms.REGISTRY`.
 
 from __future__ import annotations
 
-from distlab.core.collective_schedule import Schedule, Transfer, chunk_bounds
+import warnings
+
+from distlab.core.collective_schedule import CollectiveSchedule, Transfer, chunk_bounds
 
 from .all_to_all import all_to_all, all_to_all_schedule
 from .halving_doubling import halving_doubling_all_reduce, halving_doubling_all_reduce_schedule
@@ -40,7 +42,7 @@ from .tree import (
 )
 
 __all__ = [
-    "Schedule",
+    "CollectiveSchedule",
     "Transfer",
     "all_to_all",
     "all_to_all_schedule",
@@ -67,3 +69,15 @@ __all__ = [
     "tree_reduce",
     "tree_reduce_schedule",
 ]
+
+
+def __getattr__(name: str):
+    # The old name, which learners' notebooks from older releases still import from here.
+    if name == "Schedule":
+        warnings.warn(
+            f"{__name__}.Schedule is now called CollectiveSchedule: import that name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return CollectiveSchedule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distlab.core.collective_schedule import Schedule, Transfer
+from distlab.core.collective_schedule import CollectiveSchedule, Transfer
 
 if TYPE_CHECKING:  # the runner loads torch only when it runs
     from .buffers import Group
 
 
-def all_to_all_schedule(n: int) -> Schedule:
+def all_to_all_schedule(n: int) -> CollectiveSchedule:
     keep_own = tuple(Transfer(r, r, (r,), reduce=False) for r in range(n))
     steps = [keep_own]
     for k in range(1, n):
@@ -31,7 +31,7 @@ def all_to_all_schedule(n: int) -> Schedule:
                 for r in range(n)
             )
         )
-    return Schedule("all_to_all", "pairwise", n, n, tuple(steps), out_of_place=True)
+    return CollectiveSchedule("all_to_all", "pairwise", n, n, tuple(steps), out_of_place=True)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group: Group = None) -> None:

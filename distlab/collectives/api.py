@@ -1,7 +1,7 @@
 """The shared front end of every collective: check inputs, then play a schedule.
 
 Each algorithm module (ring, tree, ...) defines *what moves where* as a
-:class:`~distlab.core.collective_schedule.Schedule`; these functions do the same
+:class:`~distlab.core.collective_schedule.CollectiveSchedule`; these functions do the same
 bookkeeping for all of them, mirroring ``torch.distributed``'s signatures:
 
 * every rank agrees the inputs match (:mod:`distlab.collectives.agree`), so a
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from distlab.core.collective_schedule import Schedule
+from distlab.core.collective_schedule import CollectiveSchedule
 
 from .agree import (
     Problem,
@@ -30,7 +30,7 @@ from .agree import (
 from .buffers import Chunks, Group, finish_average_, group_info, op_name
 from .executor import DEFAULT_SEGMENT_BYTES, execute
 
-ScheduleFor = Callable[[int], Schedule]
+ScheduleFor = Callable[[int], CollectiveSchedule]
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -164,7 +164,7 @@ def all_gather(
 
 
 def rooted(
-    schedule_for: Callable[[int, int], Schedule],
+    schedule_for: Callable[[int, int], CollectiveSchedule],
     name: str,
     tensor: torch.Tensor,
     root: int,

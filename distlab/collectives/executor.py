@@ -1,4 +1,4 @@
-"""Run a :class:`~distlab.core.collective_schedule.Schedule` on real processes.
+"""Run a :class:`~distlab.core.collective_schedule.CollectiveSchedule` on real processes.
 
 One executor serves every algorithm. Read :func:`run_steps` first: it is the
 whole idea. For each step of the schedule, a rank
@@ -23,7 +23,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from distlab.core.collective_schedule import Schedule
+from distlab.core.collective_schedule import CollectiveSchedule
 
 from . import pipelined
 from .buffers import Chunks, Group, combine_, global_rank, group_info
@@ -36,7 +36,7 @@ DEFAULT_SEGMENT_BYTES = 4 << 20
 
 # -------------------------------------------------------- reference executor ----
 def run_steps(
-    schedule: Schedule,
+    schedule: CollectiveSchedule,
     buffer: Chunks,
     *,
     op: str = "sum",
@@ -76,7 +76,7 @@ ENGINES = ("auto", "reference", "pipelined", "step_by_step")
 
 
 def execute(
-    schedule: Schedule,
+    schedule: CollectiveSchedule,
     buffer: Chunks,
     *,
     op: str = "sum",

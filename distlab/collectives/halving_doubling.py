@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distlab.core.collective_schedule import Schedule, Transfer
+from distlab.core.collective_schedule import CollectiveSchedule, Transfer
 
 if TYPE_CHECKING:  # the runner loads torch only when it runs
     from .buffers import Group
 
 
-def halving_doubling_all_reduce_schedule(n: int) -> Schedule:
+def halving_doubling_all_reduce_schedule(n: int) -> CollectiveSchedule:
     p = 1 << (n.bit_length() - 1)  # largest power of two <= n
     extra = n - p
     everything = tuple(range(p))
@@ -82,7 +82,7 @@ def halving_doubling_all_reduce_schedule(n: int) -> Schedule:
         steps.append(
             tuple(Transfer(2 * i + 1, 2 * i, everything, reduce=False) for i in range(extra))
         )
-    return Schedule("all_reduce", "halving_doubling", n, p, tuple(steps))
+    return CollectiveSchedule("all_reduce", "halving_doubling", n, p, tuple(steps))
 
 
 def halving_doubling_all_reduce(tensor, op="sum", group: Group = None) -> None:

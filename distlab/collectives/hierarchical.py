@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from distlab.core.checks import positive_int
-from distlab.core.collective_schedule import Schedule, Step, Transfer, merge_parallel
+from distlab.core.collective_schedule import CollectiveSchedule, Step, Transfer, merge_parallel
 
 from .ring import ring_all_gather_steps, ring_reduce_scatter_steps
 from .tree import tree_broadcast_steps, tree_reduce_steps
@@ -41,7 +41,7 @@ def _relabel(steps: list[Step], ranks: list[int]) -> list[Step]:
 
 def hierarchical_all_reduce_schedule(
     n: int, ranks_per_node: int, variant: str = "leader"
-) -> Schedule:
+) -> CollectiveSchedule:
     ranks_per_node = positive_int("ranks_per_node", ranks_per_node)
     if variant not in ("leader", "shard"):
         raise ValueError(f"variant must be 'leader' or 'shard', got {variant!r}")
@@ -60,7 +60,7 @@ def hierarchical_all_reduce_schedule(
             *[_relabel(tree_broadcast_steps(len(nd), 0, every), nd) for nd in nodes]
         )
         steps = (*local_reduce, *across, *local_bcast)
-        return Schedule("all_reduce", "hierarchical", n, m, tuple(s for s in steps if s))
+        return CollectiveSchedule("all_reduce", "hierarchical", n, m, tuple(s for s in steps if s))
     if n % k:
         raise ValueError(
             f"variant='shard' needs equal nodes: world size {n} is not a multiple of ranks_per_node {k}"
@@ -78,7 +78,9 @@ def hierarchical_all_reduce_schedule(
     )
     inside_ag = merge_parallel(*[ring_all_gather_steps(nd, shard) for nd in nodes])
     steps = (*inside_rs, *across, *inside_ag)
-    return Schedule("all_reduce", "hierarchical_shard", n, k * m, tuple(s for s in steps if s))
+    return CollectiveSchedule(
+        "all_reduce", "hierarchical_shard", n, k * m, tuple(s for s in steps if s)
+    )
 
 
 def hierarchical_all_reduce(
@@ -90,7 +92,7 @@ def hierarchical_all_reduce(
     """
     from . import api
 
-    def schedule_for(n: int) -> Schedule:
+    def schedule_for(n: int) -> CollectiveSchedule:
         return hierarchical_all_reduce_schedule(n, ranks_per_node, variant)
 
     api.all_reduce(schedule_for, "hierarchical_all_reduce", tensor, op, group)

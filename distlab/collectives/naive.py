@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distlab.core.collective_schedule import Schedule, Transfer
+from distlab.core.collective_schedule import CollectiveSchedule, Transfer
 
 if TYPE_CHECKING:  # the runner loads torch only when it runs
     from .buffers import Group
 
 
-def naive_all_reduce_schedule(n: int) -> Schedule:
+def naive_all_reduce_schedule(n: int) -> CollectiveSchedule:
     gather = tuple(Transfer(r, 0, (0,), reduce=True) for r in range(1, n))
     scatter_back = tuple(Transfer(0, r, (0,), reduce=False) for r in range(1, n))
     steps = tuple(s for s in (gather, scatter_back) if s)
-    return Schedule("all_reduce", "naive", n, 1, steps)
+    return CollectiveSchedule("all_reduce", "naive", n, 1, steps)
 
 
 def naive_all_reduce(tensor, op="sum", group: Group = None) -> None:

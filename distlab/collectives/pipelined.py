@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from distlab.core.collective_schedule import Schedule
+from distlab.core.collective_schedule import CollectiveSchedule
 
 from .buffers import Chunks, Group, combine_, global_rank
 from .traffic import record_sent
@@ -77,7 +77,12 @@ class _Message:
 
 
 def segment_messages(
-    schedule: Schedule, rank: int, buffer: Chunks, out: Chunks, group: Group, segment_elems: int
+    schedule: CollectiveSchedule,
+    rank: int,
+    buffer: Chunks,
+    out: Chunks,
+    group: Group,
+    segment_elems: int,
 ) -> list[_Message]:
     """Cut this rank's part of the schedule into segment messages, in step order,
     and record the data dependencies between them:

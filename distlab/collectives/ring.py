@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from distlab.core.collective_schedule import Schedule, Step, Transfer
+from distlab.core.collective_schedule import CollectiveSchedule, Step, Transfer
 
 if TYPE_CHECKING:  # the runner loads torch only when it runs
     from .buffers import Group
@@ -59,20 +59,20 @@ def _one_chunk_each(n: int) -> list[tuple[int, ...]]:
     return [(i,) for i in range(n)]
 
 
-def ring_reduce_scatter_schedule(n: int) -> Schedule:
+def ring_reduce_scatter_schedule(n: int) -> CollectiveSchedule:
     steps = ring_reduce_scatter_steps(range(n), _one_chunk_each(n))
-    return Schedule("reduce_scatter", "ring", n, n, tuple(steps))
+    return CollectiveSchedule("reduce_scatter", "ring", n, n, tuple(steps))
 
 
-def ring_all_gather_schedule(n: int) -> Schedule:
+def ring_all_gather_schedule(n: int) -> CollectiveSchedule:
     steps = ring_all_gather_steps(range(n), _one_chunk_each(n))
-    return Schedule("all_gather", "ring", n, n, tuple(steps))
+    return CollectiveSchedule("all_gather", "ring", n, n, tuple(steps))
 
 
-def ring_all_reduce_schedule(n: int) -> Schedule:
+def ring_all_reduce_schedule(n: int) -> CollectiveSchedule:
     blocks = _one_chunk_each(n)
     steps = ring_reduce_scatter_steps(range(n), blocks) + ring_all_gather_steps(range(n), blocks)
-    return Schedule("all_reduce", "ring", n, n, tuple(steps))
+    return CollectiveSchedule("all_reduce", "ring", n, n, tuple(steps))
 
 
 # ---- run on real processes (torch is imported only when a collective runs) ----

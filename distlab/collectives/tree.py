@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distlab.core.collective_schedule import Schedule, Step, Transfer, log2_ceil, merge_parallel
+from distlab.core.collective_schedule import (
+    CollectiveSchedule,
+    Step,
+    Transfer,
+    log2_ceil,
+    merge_parallel,
+)
 
 if TYPE_CHECKING:  # the runner loads torch only when it runs
     from .buffers import Group
@@ -54,19 +60,21 @@ def tree_broadcast_steps(n: int, root: int, chunks: tuple[int, ...]) -> list[Ste
     return steps
 
 
-def tree_reduce_schedule(n: int, root: int = 0) -> Schedule:
-    return Schedule("reduce", "tree", n, 1, tuple(tree_reduce_steps(n, root, (0,))), root=root)
+def tree_reduce_schedule(n: int, root: int = 0) -> CollectiveSchedule:
+    return CollectiveSchedule(
+        "reduce", "tree", n, 1, tuple(tree_reduce_steps(n, root, (0,))), root=root
+    )
 
 
-def tree_broadcast_schedule(n: int, root: int = 0) -> Schedule:
-    return Schedule(
+def tree_broadcast_schedule(n: int, root: int = 0) -> CollectiveSchedule:
+    return CollectiveSchedule(
         "broadcast", "tree", n, 1, tuple(tree_broadcast_steps(n, root, (0,))), root=root
     )
 
 
-def tree_all_reduce_schedule(n: int) -> Schedule:
+def tree_all_reduce_schedule(n: int) -> CollectiveSchedule:
     steps = tree_reduce_steps(n, 0, (0,)) + tree_broadcast_steps(n, 0, (0,))
-    return Schedule("all_reduce", "tree", n, 1, tuple(steps))
+    return CollectiveSchedule("all_reduce", "tree", n, 1, tuple(steps))
 
 
 # ------------------------------------------------------- double binary tree ----
@@ -120,12 +128,14 @@ def _tree_steps(parents: dict[int, int], chunk: int) -> tuple[list[Step], list[S
     return reduce_steps, broadcast_steps
 
 
-def double_binary_tree_all_reduce_schedule(n: int) -> Schedule:
+def double_binary_tree_all_reduce_schedule(n: int) -> CollectiveSchedule:
     """Half the buffer (chunk 0) goes up and down tree A, the other half (chunk 1) tree B."""
     up_a, down_a = _tree_steps(binary_tree_parents(n), 0)
     up_b, down_b = _tree_steps(_shifted_tree(n), 1)
     steps = merge_parallel(up_a, up_b) + merge_parallel(down_a, down_b)
-    return Schedule("all_reduce", "double_binary_tree", n, 2, tuple(s for s in steps if s))
+    return CollectiveSchedule(
+        "all_reduce", "double_binary_tree", n, 2, tuple(s for s in steps if s)
+    )
 
 
 # ---- run on real processes (torch is imported only when a collective runs) ----

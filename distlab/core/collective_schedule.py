@@ -6,7 +6,7 @@ buffer is cut into ``n_chunks`` pieces, and the algorithm is a list of
 same time; the receiver either *reduces* what arrives into its own copy
 (``dst = op(dst, received)``) or *copies* it over its own copy.
 
-The same :class:`Schedule` object is
+The same :class:`CollectiveSchedule` object is
 
 1. executed on real processes by :func:`distlab.collectives.executor.execute`
    (``torch.distributed`` point-to-point ops only),
@@ -28,6 +28,7 @@ Example: ring all-reduce on 3 ranks is 2 * (3 - 1) = 4 steps::
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ Step = tuple[Transfer, ...]
 
 
 @dataclass(frozen=True)
-class Schedule:
+class CollectiveSchedule:
     """A collective algorithm as data: which chunks move where, step by step.
 
     ``root`` is set for rooted collectives (reduce, broadcast).
@@ -142,7 +143,7 @@ def chunk_bounds(numel: int, n_chunks: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def validate(schedule: Schedule) -> None:
+def validate(schedule: CollectiveSchedule) -> None:
     """Reject schedules that could not run: bad ranks or chunks, or a step that
     both sends a chunk and overwrites it on the same rank (a race)."""
     n = schedule.world_size
@@ -187,7 +188,7 @@ def merge_parallel(*step_lists: Sequence[Step]) -> tuple[Step, ...]:
     return tuple(merged)
 
 
-def trace(schedule: Schedule) -> list[list[list[Counter]]]:
+def trace(schedule: CollectiveSchedule) -> list[list[list[Counter]]]:
     """Play a schedule symbolically: which ranks' data each chunk holds after each step.
 
     Returns ``states``: ``states[s][r][c]`` is a Counter of contributions in
@@ -213,7 +214,7 @@ def trace(schedule: Schedule) -> list[list[list[Counter]]]:
     return states
 
 
-def _start(schedule: Schedule, rank: int, chunk: int) -> Counter:
+def _start(schedule: CollectiveSchedule, rank: int, chunk: int) -> Counter:
     if schedule.collective == "all_to_all":
         return Counter([(rank, chunk)])
     if schedule.collective == "all_gather":
@@ -225,3 +226,15 @@ def _start(schedule: Schedule, rank: int, chunk: int) -> Counter:
 
 def _snapshot(state: list[list[Counter]]) -> list[list[Counter]]:
     return [[Counter(c) for c in row] for row in state]
+
+
+def __getattr__(name: str):
+    # The old name, which learners' notebooks from older releases still import from here.
+    if name == "Schedule":
+        warnings.warn(
+            f"{__name__}.Schedule is now called CollectiveSchedule: import that name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return CollectiveSchedule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,7 @@ schedule may also spell them out; :func:`~distlab.sim.pipeline_replay.check` the
 send has its receive.
 
 ``str(schedule)`` prints one line per rank, ``"rank 0: 0F0 0F1 0B0 0B1"``,
-and :meth:`Schedule.parse` reads that text back, so a student can write a
+and :meth:`PipelineSchedule.parse` reads that text back, so a student can write a
 schedule by hand and have it checked, simulated and run.
 
 Pure Python (no torch): :mod:`distlab.sim.pipeline_replay` checks and times
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -116,7 +117,7 @@ def stage_to_rank(stages: int, chunks: int, placement: str = "loop") -> tuple[in
 
 
 @dataclass(frozen=True)
-class Schedule:
+class PipelineSchedule:
     """``ranks[r]`` is rank r's actions in order; ``chunks`` (v) model chunks per rank.
 
     ``micro_batches`` (m) defaults to one more than the largest micro-batch
@@ -148,7 +149,7 @@ class Schedule:
                 if not isinstance(a, Action):
                     raise TypeError(
                         f"rank {r}: {a!r} is not an Action; use Action.parse({str(a)!r}) "
-                        "or Schedule.parse for text"
+                        "or PipelineSchedule.parse for text"
                     )
         if self.micro_batches is None:
             used = 1 + max((a.micro_batch for r in self.ranks for a in r), default=-1)
@@ -243,10 +244,11 @@ class Schedule:
         micro_batches: int | None = None,
         stage_to_rank: Sequence[int] | None = None,
         bidirectional: bool = False,
-    ) -> Schedule:
+    ) -> PipelineSchedule:
         """Read ``str(schedule)`` back: one line per rank, ``"rank 0: 0F0 0B0"`` or just
         ``"0F0 0B0"``. ``chunks`` defaults to one more than the largest chunk used;
-        ``micro_batches``, ``stage_to_rank`` and ``bidirectional`` as in :class:`Schedule`."""
+        ``micro_batches``, ``stage_to_rank`` and ``bidirectional`` as in
+        :class:`PipelineSchedule`."""
         rows = []
         for line in text.strip().splitlines():
             body = line.split(":", 1)[1] if ":" in line else line
@@ -305,15 +307,15 @@ def _check_mapping(mapping: tuple[int, ...], p: int, v: int) -> None:
 # -- generators -----------------------------------------------------------------
 
 
-def gpipe(stages: int, micro_batches: int) -> Schedule:
+def gpipe(stages: int, micro_batches: int) -> PipelineSchedule:
     """GPipe (Huang et al. 2019, Figure 2c): every rank runs all m forwards, then all m
     backwards."""
     p, m, _ = check_size(stages, micro_batches)
     row = [Action(0, "F", i) for i in range(m)] + [Action(0, "B", i) for i in range(m)]
-    return Schedule(tuple(tuple(row) for _ in range(p)), 1, "gpipe")
+    return PipelineSchedule(tuple(tuple(row) for _ in range(p)), 1, "gpipe")
 
 
-def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
+def one_f_one_b(stages: int, micro_batches: int) -> PipelineSchedule:
     """1F1B / PipeDream-Flush (Narayanan et al. 2021, Section 2.2.1): rank r runs
     min(p - r - 1, m) warm-up forwards, then alternates one forward and one
     backward, then drains the remaining backwards."""
@@ -322,10 +324,10 @@ def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
         _warmup_then_alternate(min(p - r - 1, m), m, lambda k, kind: Action(0, kind, k))
         for r in range(p)
     ]
-    return Schedule(tuple(ranks), 1, "1f1b")
+    return PipelineSchedule(tuple(ranks), 1, "1f1b")
 
 
-def interleaved(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
+def interleaved(stages: int, micro_batches: int, chunks: int = 2) -> PipelineSchedule:
     """Interleaved 1F1B (Narayanan et al. 2021, Section 2.2.2) with v = ``chunks`` per rank.
 
     Micro-batches go through the chunks in groups of p: the k-th forward of a
@@ -350,10 +352,10 @@ def interleaved(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
     for r in range(p):
         warmup = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
         ranks.append(_warmup_then_alternate(warmup, total, action))
-    return Schedule(tuple(ranks), v, "interleaved")
+    return PipelineSchedule(tuple(ranks), v, "interleaved")
 
 
-def zb_h1(stages: int, micro_batches: int) -> Schedule:
+def zb_h1(stages: int, micro_batches: int) -> PipelineSchedule:
     """ZB-H1 (Qi et al. 2024, Section 2.1): 1F1B with the backward split into
     I (input gradient, on the critical path) and W (weight gradient, free to wait).
 
@@ -378,10 +380,10 @@ def zb_h1(stages: int, micro_batches: int) -> Schedule:
                 next_w += 1
         row += [Action(0, "W", i) for i in range(next_w, m)]
         ranks.append(tuple(row))
-    return Schedule(tuple(ranks), 1, "zb_h1")
+    return PipelineSchedule(tuple(ranks), 1, "zb_h1")
 
 
-def zb_h2(stages: int, micro_batches: int) -> Schedule:
+def zb_h2(stages: int, micro_batches: int) -> PipelineSchedule:
     """ZB-H2 (Qi et al. 2024, Section 2.2): ZB-H1 with more warm-up forwards, so that
     no rank waits for its first input gradient.
 
@@ -413,10 +415,10 @@ def zb_h2(stages: int, micro_batches: int) -> Schedule:
                 next_w += 1
         row += [Action(0, "W", i) for i in range(next_w, m)]
         ranks.append(tuple(row))
-    return Schedule(tuple(ranks), 1, "zb_h2")
+    return PipelineSchedule(tuple(ranks), 1, "zb_h2")
 
 
-def zb_v(stages: int, micro_batches: int) -> Schedule:
+def zb_v(stages: int, micro_batches: int) -> PipelineSchedule:
     """ZB-V (Qi et al. 2024, Section 6): two chunks per rank in a V, the backward
     split into I and W, zero bubble at 1F1B's activation memory when T_F = T_I = T_W.
 
@@ -446,7 +448,9 @@ def zb_v(stages: int, micro_batches: int) -> Schedule:
     p, m, _ = check_size(stages, micro_batches)
     built = max(m, 2 * p - 1)
     ranks = tuple(tuple(a for a in _zb_v_rank(p, built, r) if a.micro_batch < m) for r in range(p))
-    return Schedule(ranks, 2, "zb_v", micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v"))
+    return PipelineSchedule(
+        ranks, 2, "zb_v", micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v")
+    )
 
 
 def check_v_shape(name: str, stages: int, micro_batches: int) -> None:
@@ -480,11 +484,11 @@ def check_v_shape(name: str, stages: int, micro_batches: int) -> None:
         )
 
 
-def _v_schedule(name: str, p: int, m: int, rank_actions) -> Schedule:
+def _v_schedule(name: str, p: int, m: int, rank_actions) -> PipelineSchedule:
     """The V-shaped schedule ``name`` whose rank r runs ``rank_actions(p, m, r)``."""
     check_v_shape(name, p, m)
     ranks = tuple(rank_actions(p, m, r) for r in range(p))
-    return Schedule(ranks, 2, name, micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v"))
+    return PipelineSchedule(ranks, 2, name, micro_batches=m, stage_to_rank=stage_to_rank(p, 2, "v"))
 
 
 def _zb_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
@@ -521,7 +525,7 @@ def _zb_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
     return tuple(row)
 
 
-def dualpipe_v(stages: int, micro_batches: int) -> Schedule:
+def dualpipe_v(stages: int, micro_batches: int) -> PipelineSchedule:
     """DualPipeV: DualPipe (DeepSeek-V3 report, Section 3.2.1) cut in half and folded
     into a V, so each rank keeps one copy of the weights. DeepSeek's DualPipe repository
     (its README) credits this "cut-in-half" variant to a Sea AI Lab blog post; it is not
@@ -606,7 +610,7 @@ def _dualpipe_v_rank(p: int, m: int, r: int) -> tuple[Action, ...]:
     return tuple(row)
 
 
-def dualpipe(stages: int, micro_batches: int) -> Schedule:
+def dualpipe(stages: int, micro_batches: int) -> PipelineSchedule:
     """DualPipe (DeepSeek-AI 2024, DeepSeek-V3 report Section 3.2.1, Figure 5): two
     pipelines in opposite directions on the same p ranks, each a copy of the model.
 
@@ -636,7 +640,7 @@ def dualpipe(stages: int, micro_batches: int) -> Schedule:
                 for a in half
             )
         )
-    return Schedule(
+    return PipelineSchedule(
         tuple(ranks),
         2,
         "dualpipe",
@@ -646,7 +650,7 @@ def dualpipe(stages: int, micro_batches: int) -> Schedule:
     )
 
 
-def breadth_first(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
+def breadth_first(stages: int, micro_batches: int, chunks: int = 2) -> PipelineSchedule:
     """Breadth-first looping (Lamy-Poirier 2023, "Breadth-First Pipeline
     Parallelism"; torch's ``ScheduleLoopedBFS``): v = ``chunks`` per rank, loop
     placement as :func:`interleaved`, but every micro-batch goes through a chunk
@@ -662,7 +666,7 @@ def breadth_first(stages: int, micro_batches: int, chunks: int = 2) -> Schedule:
     p, m, v = check_size(stages, micro_batches, chunks)
     row = [Action(c, "F", i) for c in range(v) for i in range(m)]
     row += [Action(c, "B", i) for c in reversed(range(v)) for i in range(m)]
-    return Schedule(tuple(tuple(row) for _ in range(p)), v, "breadth_first")
+    return PipelineSchedule(tuple(tuple(row) for _ in range(p)), v, "breadth_first")
 
 
 def _warmup_then_alternate(warmup: int, total: int, make: Callable) -> tuple[Action, ...]:
@@ -691,7 +695,8 @@ V_SHAPED = ("zb_v", "dualpipe_v", "dualpipe")
 """Schedules with two chunks per rank in a V (:func:`stage_to_rank` ``"v"``; DualPipe's V
 is two pipelines, one each way)."""
 BIDIRECTIONAL = ("dualpipe",)
-"""Schedules that run two copies of the model, one per direction (``Schedule.bidirectional``)."""
+"""Schedules that run two copies of the model, one per direction
+(``PipelineSchedule.bidirectional``)."""
 
 
 def chunks_of(name: str, chunks: int = 1) -> int:
@@ -714,7 +719,7 @@ def chunks_of(name: str, chunks: int = 1) -> int:
     return 1
 
 
-def build(name: str, stages: int, micro_batches: int, *, chunks: int = 1) -> Schedule:
+def build(name: str, stages: int, micro_batches: int, *, chunks: int = 1) -> PipelineSchedule:
     """``build("interleaved", 4, 8, chunks=2)``: the schedule called ``name`` (see
     GENERATORS), with :func:`chunks_of` ``(name, chunks)`` chunks per rank."""
     v = chunks_of(name, chunks)
@@ -723,7 +728,7 @@ def build(name: str, stages: int, micro_batches: int, *, chunks: int = 1) -> Sch
     return GENERATORS[name](stages, micro_batches)
 
 
-def with_communication(schedule: Schedule) -> Schedule:
+def with_communication(schedule: PipelineSchedule) -> PipelineSchedule:
     """The same schedule with its sends and receives spelled out: ``RF`` before each
     forward that needs a previous stage's output, ``SF`` after each forward whose
     output a next stage needs, ``RB``/``SB`` likewise around each ``B`` or ``I``."""
@@ -744,7 +749,7 @@ def with_communication(schedule: Schedule) -> Schedule:
             else:
                 row.append(a)
         rows.append(tuple(row))
-    return Schedule(
+    return PipelineSchedule(
         tuple(rows),
         schedule.chunks,
         schedule.name,
@@ -752,3 +757,15 @@ def with_communication(schedule: Schedule) -> Schedule:
         stage_to_rank=schedule.stage_to_rank,
         bidirectional=schedule.bidirectional,
     )
+
+
+def __getattr__(name: str):
+    # The old name, which learners' notebooks from older releases still import from here.
+    if name == "Schedule":
+        warnings.warn(
+            f"{__name__}.Schedule is now called PipelineSchedule: import that name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PipelineSchedule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

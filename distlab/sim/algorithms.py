@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from distlab import collectives
 from distlab.core.checks import positive_int
-from distlab.core.collective_schedule import Schedule
+from distlab.core.collective_schedule import CollectiveSchedule
 
 from . import cost
 from .cost import AlphaBetaCost, PhasedCost, hierarchical_all_reduce_cost
@@ -45,7 +45,7 @@ class Algorithm:
 
     short: str  # "ring", "tree", ..., "pairwise"
     collective: str  # "all_reduce", "reduce_scatter", ...
-    builder: Callable[..., Schedule]  # (n, ...) -> Schedule
+    builder: Callable[..., CollectiveSchedule]  # (n, ...) -> CollectiveSchedule
     cost: Callable[[int], AlphaBetaCost] | None  # closed form; None: two-level (see below)
     run: Callable  # the function of distlab.collectives that runs it (loads torch when called)
     options: dict = field(default_factory=dict)  # fixed keyword arguments (variant)
@@ -61,7 +61,9 @@ class Algorithm:
         """True for the hierarchical algorithms, which need ``ranks_per_node``."""
         return self.short.startswith("hierarchical")
 
-    def schedule(self, n: int, *, ranks_per_node: int | None = None, root: int = 0) -> Schedule:
+    def schedule(
+        self, n: int, *, ranks_per_node: int | None = None, root: int = 0
+    ) -> CollectiveSchedule:
         """The schedule on ``n`` ranks (``ranks_per_node`` for two-level ones, ``root`` for
         broadcast and reduce)."""
         if self.two_level:
@@ -169,8 +171,8 @@ _ENTRIES = (
 #: full name ("ring_all_reduce") -> Algorithm
 REGISTRY: dict[str, Algorithm] = {a.name: a for a in _ENTRIES}
 
-#: full name -> schedule builder ``(n, ...) -> Schedule`` (the shard variant of the hierarchical
-#: all-reduce is ``SCHEDULES["hierarchical_all_reduce"](n, k, "shard")``)
+#: full name -> schedule builder ``(n, ...) -> CollectiveSchedule`` (the shard variant of the
+#: hierarchical all-reduce is ``SCHEDULES["hierarchical_all_reduce"](n, k, "shard")``)
 SCHEDULES = {a.name: a.builder for a in _ENTRIES if not a.options}
 SCHEDULES["hierarchical_all_reduce"] = collectives.hierarchical_all_reduce_schedule
 
@@ -219,7 +221,7 @@ def _entry(name: str) -> Algorithm:
     return entry
 
 
-def build_schedule(name: str, n: int, *, ranks_per_node: int | None = None) -> Schedule:
+def build_schedule(name: str, n: int, *, ranks_per_node: int | None = None) -> CollectiveSchedule:
     """The schedule of algorithm ``name`` on ``n`` ranks.
 
     The hierarchical all-reduces need ``ranks_per_node`` (ranks ``0..k-1`` on node 0, ...).

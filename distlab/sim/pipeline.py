@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from distlab.core.checks import int_in
-from distlab.core.pipeline_schedule import Schedule
+from distlab.core.pipeline_schedule import PipelineSchedule
 from distlab.sim.pipeline_replay import Timeline, replay
 
 from .topology import ClusterSpec
@@ -41,7 +41,7 @@ def p2p_seconds(cluster: ClusterSpec, src_gpu: int, dst_gpu: int, message_bytes:
 
 
 def simulate_pipeline(
-    schedule: Schedule,
+    schedule: PipelineSchedule,
     cluster: ClusterSpec,
     *,
     message_bytes: float,

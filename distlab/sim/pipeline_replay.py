@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from distlab.core.checks import fraction
-from distlab.core.pipeline_schedule import COMM_KINDS, COMPUTE_KINDS, Action, Schedule
+from distlab.core.pipeline_schedule import COMM_KINDS, COMPUTE_KINDS, Action, PipelineSchedule
 
 
 class ScheduleError(ValueError):
@@ -45,7 +45,7 @@ class TimedAction:
 class Timeline:
     """A replayed schedule: every compute action's start and end, and the idle time."""
 
-    schedule: Schedule
+    schedule: PipelineSchedule
     entries: tuple[TimedAction, ...]
     makespan: float
     busy: tuple[float, ...]
@@ -103,7 +103,7 @@ def _check_costs(value: float | Sequence[float], stages: int, name: str) -> None
 
 
 def replay(
-    schedule: Schedule,
+    schedule: PipelineSchedule,
     *,
     forward_time: float | Sequence[float] = 1.0,
     backward_time: float | Sequence[float] = 2.0,
@@ -115,7 +115,7 @@ def replay(
     (naming the rank and action) if the schedule is incomplete or deadlocks.
 
     Costs: ``forward_time``/``backward_time`` per micro-batch through one rank's
-    whole stage (a chunk takes :attr:`~Schedule.chunk_share` of it: 1/v, or a whole
+    whole stage (a chunk takes :attr:`~PipelineSchedule.chunk_share` of it: 1/v, or a whole
     stage for each of DualPipe's two copies), or a sequence with one entry per
     virtual stage, in seconds. A split backward costs ``(1 - weight_fraction)``
     of ``backward_time`` for ``I`` and ``weight_fraction`` for ``W``.
@@ -176,7 +176,7 @@ def replay(
     )
 
 
-def check(schedule: Schedule) -> Timeline:
+def check(schedule: PipelineSchedule) -> Timeline:
     """Prove ``schedule`` complete and deadlock-free (raise :class:`ScheduleError`
     naming the rank and action otherwise); the result's ``peak_in_flight[r]``
     is the most chunk activations rank r holds (F to its B or I).
@@ -193,10 +193,12 @@ def _produces(kind: str) -> str:
     return {"F": "act", "B": "grad", "I": "grad", "W": "wgrad"}.get(kind, kind)
 
 
-def _needs(a: Action, j: int, explicit: bool, schedule: Schedule) -> list[tuple[tuple, int]]:
+def _needs(
+    a: Action, j: int, explicit: bool, schedule: PipelineSchedule
+) -> list[tuple[tuple, int]]:
     """(token, virtual stage that makes it) pairs the action waits for; a message is
     only needed from a neighbouring stage on another rank. The micro-batch's route
-    (:meth:`Schedule.route`) says where its pipeline starts and ends."""
+    (:meth:`PipelineSchedule.route`) says where its pipeline starts and ends."""
     i = a.micro_batch
     first, last = schedule.route(i)
 
@@ -232,7 +234,7 @@ def _action_cost(a, j, share, forward_time, backward_time, weight_fraction) -> f
     return 0.0
 
 
-def _check_complete(schedule: Schedule) -> None:
+def _check_complete(schedule: PipelineSchedule) -> None:
     """Every rank runs F and (B, or I then W) exactly once per chunk and micro-batch."""
     m, v = schedule.micro_batches, schedule.chunks
     for r, acts in enumerate(schedule.ranks):
@@ -288,7 +290,9 @@ def _check_complete(schedule: Schedule) -> None:
                     raise ScheduleError(f"rank {r} is missing {names} (m={m}, chunks={v})")
 
 
-def _deadlock_message(schedule: Schedule, pos: list[int], done: dict, explicit: bool) -> str:
+def _deadlock_message(
+    schedule: PipelineSchedule, pos: list[int], done: dict, explicit: bool
+) -> str:
     p = schedule.stages
     waits = []
     for r in range(p):

@@ -1,6 +1,6 @@
 """Replay a collective's schedule on a modelled cluster: time, bytes per link, busbw.
 
-A :class:`~distlab.core.collective_schedule.Schedule` says, step by step, which
+A :class:`~distlab.core.collective_schedule.CollectiveSchedule` says, step by step, which
 rank sends which chunks to which rank. The replay puts each step's messages
 on the cluster at once (:meth:`ClusterSpec.route` says which ports each one
 occupies) and charges, per step:
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from distlab.core.checks import int_in, positive_int
-from distlab.core.collective_schedule import Schedule, chunk_bounds
+from distlab.core.collective_schedule import CollectiveSchedule, chunk_bounds
 
 from .bandwidth import busbw_factor
 from .topology import ClusterSpec, Link, Route, preset, uniform_cluster
@@ -86,7 +86,7 @@ def chunk_sizes_bytes(n_bytes: int, n_chunks: int, itemsize: int = 4) -> list[in
 
 
 def simulate(
-    schedule: Schedule,
+    schedule: CollectiveSchedule,
     cluster_or_topology: Topology,
     n_bytes: int,
     placement: Sequence[int] | None = None,

@@ -38,7 +38,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from distlab.core.checks import int_in
-from distlab.core.collective_schedule import Schedule, trace
+from distlab.core.collective_schedule import CollectiveSchedule, trace
 from distlab.sim import algorithms as registry
 from distlab.viz.style import NOTEBOOK_WIDTH_IN
 
@@ -77,7 +77,7 @@ def _check_world_size(world_size: int) -> None:
     int_in("world_size", world_size, 1, MAX_WORLD_SIZE)
 
 
-def schedule_for(collective: str, world_size: int = 4, root: int = 0) -> Schedule:
+def schedule_for(collective: str, world_size: int = 4, root: int = 0) -> CollectiveSchedule:
     """The schedule drawn for ``collective`` (one of :data:`COLLECTIVES`)."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; allowed: {sorted(COLLECTIVES)}")
@@ -89,7 +89,7 @@ def schedule_for(collective: str, world_size: int = 4, root: int = 0) -> Schedul
     return COLLECTIVES[collective](world_size)
 
 
-def start_state(schedule: Schedule) -> Grid:
+def start_state(schedule: CollectiveSchedule) -> Grid:
     """What each rank holds before the collective (its input buffer)."""
     if schedule.out_of_place:  # all-to-all: rank r's input block c is (r, c)
         n, k = schedule.world_size, schedule.n_chunks
@@ -97,7 +97,7 @@ def start_state(schedule: Schedule) -> Grid:
     return trace(schedule)[0]
 
 
-def promised(schedule: Schedule, rank: int, chunk: int) -> bool:
+def promised(schedule: CollectiveSchedule, rank: int, chunk: int) -> bool:
     """Whether the collective defines the content of ``chunk`` on ``rank`` at the end."""
     if schedule.collective == "reduce_scatter":
         return chunk == rank
@@ -133,7 +133,7 @@ def _sources(contents: Counter) -> list[int]:
 def draw_state(
     ax,
     state: Grid,
-    schedule: Schedule,
+    schedule: CollectiveSchedule,
     title: str = "",
     end: bool = False,
     chunk_labels: bool = True,
@@ -205,7 +205,7 @@ def _lanes(spans: list[tuple[float, float]]) -> list[int]:
     return lane
 
 
-def draw_transfers(ax, schedule: Schedule, step: int) -> None:
+def draw_transfers(ax, schedule: CollectiveSchedule, step: int) -> None:
     """Arrows for the messages of ``schedule.steps[step]``: in the gap right of the chunk's
     column, from a dot on the sender's row to an arrowhead on the receiver's; arrows in one
     gap whose rows overlap get separate lanes, so they run side by side instead of crossing."""
@@ -270,7 +270,7 @@ def plot_all_collectives(world_size: int = 4) -> Figure:
     return fig
 
 
-def _step_title(schedule: Schedule, step: int) -> str:
+def _step_title(schedule: CollectiveSchedule, step: int) -> str:
     if step == 0:
         return "start"
     phase = ""
@@ -281,7 +281,7 @@ def _step_title(schedule: Schedule, step: int) -> str:
 
 
 def draw_step(
-    ax, schedule: Schedule, states: Sequence[Grid], step: int, rank_labels: bool = True
+    ax, schedule: CollectiveSchedule, states: Sequence[Grid], step: int, rank_labels: bool = True
 ) -> None:
     """State after ``step`` steps, with the arrows of the messages that produced it."""
     draw_state(
@@ -309,7 +309,7 @@ def _panel_height(world_size: int) -> float:
 _LEGEND = "red: sent and added, blue: sent and copied (dot: sender)"
 
 
-def plot_steps(schedule: Schedule, columns: int = 4) -> Figure:
+def plot_steps(schedule: CollectiveSchedule, columns: int = 4) -> Figure:
     """Every state of ``schedule``, start to end, as a grid of small panels: at most
     ``columns`` per row, fewer if that many would be wider than a notebook shows
     (:data:`~distlab.viz.style.NOTEBOOK_WIDTH_IN`). Only the first panel of each row names
@@ -340,7 +340,7 @@ def plot_steps(schedule: Schedule, columns: int = 4) -> Figure:
     return fig
 
 
-def plot_step(schedule: Schedule, step: int) -> Figure:
+def plot_step(schedule: CollectiveSchedule, step: int) -> Figure:
     """One panel: the state after ``step`` steps and the messages of that step (the
     player's frame)."""
     step = int_in("step", step, 0, schedule.n_steps)
@@ -360,7 +360,7 @@ def _figure_png(fig: Figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def schedule_player(schedule: Schedule, static: bool | None = None):
+def schedule_player(schedule: CollectiveSchedule, static: bool | None = None):
     """A slider that steps through ``schedule``; or, with ``static=True`` or without
     ipywidgets, the :func:`plot_steps` figure.
 
@@ -391,7 +391,7 @@ def _player_class():
     class Player(widgets.VBox):
         """ipywidgets player: a Play button and a slider driving a matplotlib figure."""
 
-        def __init__(self, schedule: Schedule):
+        def __init__(self, schedule: CollectiveSchedule):
             self.schedule = schedule
             self.slider = widgets.IntSlider(
                 value=0, min=0, max=schedule.n_steps, description="step", continuous_update=False
@@ -424,5 +424,5 @@ def _player_class():
     return Player
 
 
-def _Player(schedule: Schedule):  # builds the widget class on first use
+def _Player(schedule: CollectiveSchedule):  # builds the widget class on first use
     return _player_class()(schedule)

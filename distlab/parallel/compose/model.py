@@ -66,7 +66,7 @@ from distlab.parallel.context.ring import ContextGroup, Ring
 from distlab.parallel.context.ulysses import Ulysses
 from distlab.parallel.moe.gpt import ParallelMoEBlock
 from distlab.parallel.moe.layer import MoE
-from distlab.parallel.pipeline import PipelineStage, Schedule, build
+from distlab.parallel.pipeline import PipelineSchedule, PipelineStage, build
 from distlab.parallel.pipeline.stage import tied_embedding_peer
 from distlab.parallel.precision.mixed_precision import MixedPrecisionPolicy
 from distlab.parallel.tensor import (
@@ -116,7 +116,7 @@ class ParallelModel:
     mesh: ParallelMesh
     gpt: ParallelGPT
     stage: PipelineStage
-    schedule: Schedule
+    schedule: PipelineSchedule
     fsdp: list[FSDP]
     context_groups: list[ContextGroup]
 
@@ -133,7 +133,7 @@ class ParallelModel:
 
 def check_model(
     model: GPT, layout: Layout, *, split: str = "zigzag", context: str = "ring"
-) -> Schedule:
+) -> PipelineSchedule:
     """The pipeline schedule ``layout`` names, or ``ValueError`` naming the value unless
     ``model`` can run under ``layout``: tp | heads and hidden, pp * v | layers, the
     sequence splits into the cp chunks (and their SP slices), ep | experts, the
@@ -188,7 +188,7 @@ def check_model(
     return build(name, layout.pp, layout.micro_batches, chunks=layout.virtual_stages)
 
 
-def model_parts(schedule: Schedule) -> int:
+def model_parts(schedule: PipelineSchedule) -> int:
     """How many parts the model is cut into: one per virtual stage, p v (a V: 2 p), or for
     DualPipe's two copies p v / 2 = p."""
     n = schedule.stages * schedule.chunks
@@ -224,7 +224,7 @@ def _block_maker(layout, mesh, groups: list, split: str, context, algorithm, rng
     return make_block
 
 
-def cut_stage(gpt: ParallelGPT, stage: int, schedule: Schedule) -> PipelineStage:
+def cut_stage(gpt: ParallelGPT, stage: int, schedule: PipelineSchedule) -> PipelineStage:
     """Step 4: pipeline rank ``stage``'s chunks of ``gpt`` for ``schedule``.
 
     The L blocks are cut in order into :func:`model_parts` parts of equal size; chunk c

@@ -26,9 +26,11 @@ is where it runs. Inside ``distlab.run(fn, world_size=p)``::
 
 from __future__ import annotations
 
+import warnings
+
 from distlab.core.pipeline_schedule import (
     Action,
-    Schedule,
+    PipelineSchedule,
     breadth_first,
     build,
     dualpipe,
@@ -52,9 +54,9 @@ from .torch_exchange import from_torch, read_csv, to_torch, torch_schedule, writ
 __all__ = [
     "Action",
     "PipelineError",
+    "PipelineSchedule",
     "PipelineStage",
     "RankRun",
-    "Schedule",
     "ScheduleError",
     "Timeline",
     "balanced_split",
@@ -85,3 +87,15 @@ __all__ = [
     "zb_h2",
     "zb_v",
 ]
+
+
+def __getattr__(name: str):
+    # The old name, which learners' notebooks from older releases still import from here.
+    if name == "Schedule":
+        warnings.warn(
+            f"{__name__}.Schedule is now called PipelineSchedule: import that name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PipelineSchedule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distlab.core.pipeline_schedule import Action, Schedule, with_communication
+from distlab.core.pipeline_schedule import Action, PipelineSchedule, with_communication
 from distlab.parallel.comm.trace import record_p2p
 from distlab.sim.pipeline_replay import TimedAction, Timeline, check
 
@@ -91,7 +91,7 @@ class RankRun:
     activation_bytes: dict[int, int]  # chunk -> bytes one micro-batch's forward saves
 
 
-def measured_timeline(schedule: Schedule, runs: list[RankRun]) -> Timeline:
+def measured_timeline(schedule: PipelineSchedule, runs: list[RankRun]) -> Timeline:
     """One :class:`Timeline` from every rank's :class:`RankRun` (times from the earliest start)."""
     entries = [e for run in runs for e in run.entries]
     t0 = min(e.start for e in entries)
@@ -108,7 +108,7 @@ def measured_timeline(schedule: Schedule, runs: list[RankRun]) -> Timeline:
 
 
 def run_pipeline(
-    schedule: Schedule,
+    schedule: PipelineSchedule,
     stage: PipelineStage,
     inputs: torch.Tensor,
     targets: torch.Tensor,
@@ -132,7 +132,7 @@ def run_pipeline(
     last one (rank 0 for a V), and two neighbouring stages on the same rank
     (the turn of a V) hand their tensor over in memory, with no message. A
     bidirectional schedule (DualPipe) reads each micro-batch's tokens and
-    computes its loss at the ends of its own route (:meth:`Schedule.route`), so
+    computes its loss at the ends of its own route (:meth:`PipelineSchedule.route`), so
     ranks 0 and p - 1 each hold part of the loss; each rank then adds its
     mirror's gradients (``gpt_stage(..., bidirectional=True)``)."""
     check(schedule)  # raises ScheduleError naming the rank and action

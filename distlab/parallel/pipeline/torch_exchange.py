@@ -3,11 +3,11 @@
 torch writes a schedule as ``pipeline_order``: for each rank a list of
 ``_Action(stage_index, computation_type, microbatch_index)``, with ``None``
 for a step the rank sits idle in torch's drawing. distlab writes it as a
-:class:`~distlab.core.pipeline_schedule.Schedule`: for each rank a list of
+:class:`~distlab.core.pipeline_schedule.PipelineSchedule`: for each rank a list of
 ``Action(chunk, kind, micro_batch)``. The two say the same thing:
 
 * torch's ``stage_index`` is distlab's virtual stage j; the chunk is j's
-  place among the stages its rank holds (:meth:`Schedule.chunk_of`), and
+  place among the stages its rank holds (:meth:`PipelineSchedule.chunk_of`), and
   which rank holds which stage is the schedule's ``stage_to_rank``, torch's
   ``stage_index_to_group_rank`` (loop-around, or V-shaped for ZB-V);
 * the kinds map one to one, below; an ``OVERLAP_F_B`` becomes its
@@ -40,7 +40,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from distlab.core.pipeline_schedule import Action, Schedule
+from distlab.core.pipeline_schedule import Action, PipelineSchedule
 
 TORCH_KIND = {
     "F": "F",
@@ -64,7 +64,7 @@ def _schedules():
     return schedules
 
 
-def to_torch(schedule: Schedule) -> dict[int, list]:
+def to_torch(schedule: PipelineSchedule) -> dict[int, list]:
     """``{rank: [_Action, ...]}``, torch's ``pipeline_order`` for ``schedule``: each
     action's chunk becomes its virtual stage, its kind torch's (see the module
     table). A message between two stages on the same rank is left out, as
@@ -91,8 +91,8 @@ def from_torch(
     micro_batches: int | None = None,
     stage_to_rank: dict[int, int] | None = None,
     name: str | None = None,
-) -> Schedule:
-    """A distlab :class:`Schedule` from a torch schedule object or its
+) -> PipelineSchedule:
+    """A distlab :class:`PipelineSchedule` from a torch schedule object or its
     ``pipeline_order`` dict (rank -> list of ``_Action`` or ``None``).
 
     From a schedule object ``micro_batches`` defaults to its
@@ -130,7 +130,7 @@ def from_torch(
                 )
             mine.append(Action(held[r].index(j), kind, i))  # chunk: j's place on rank r
         actions.append(tuple(mine))
-    return Schedule(
+    return PipelineSchedule(
         tuple(actions),
         n // p,
         name,
@@ -188,7 +188,7 @@ def torch_schedule(schedule_class: type | str, stages: int, micro_batches: int, 
     return cls(stand_ins, micro_batches)
 
 
-def write_csv(schedule: Schedule, path: str | Path) -> None:
+def write_csv(schedule: PipelineSchedule, path: str | Path) -> None:
     """Write ``schedule`` in torch's CSV form: one row per rank of ``str(_Action)``."""
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -196,7 +196,7 @@ def write_csv(schedule: Schedule, path: str | Path) -> None:
             writer.writerow(row)
 
 
-def read_csv(path: str | Path, **kwargs: Any) -> Schedule:
+def read_csv(path: str | Path, **kwargs: Any) -> PipelineSchedule:
     """Read torch's CSV form (as :func:`write_csv` or torch's ``_dump_csv`` write it);
     ``kwargs`` as for :func:`from_torch`."""
     S = _schedules()
