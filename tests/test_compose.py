@@ -222,6 +222,59 @@ def test_refused_combinations_say_why():
         check_model(GPT(CONFIG), Layout(cp=2), context="star")
 
 
+def test_parallelize_alone_refuses_a_bad_layout_before_any_process_group():
+    """parallelize is public: it checks the model and layout itself (check_model), first."""
+    from distlab.parallel.compose import parallelize
+
+    with pytest.raises(ValueError, match="heads=4 is not divisible by the tensor-parallel size 8"):
+        parallelize(GPT(CONFIG), Layout(tp=8))  # no process group here: the check comes first
+    with pytest.raises(TypeError, match="layout must be a distlab Layout, got dict"):
+        parallelize(GPT(CONFIG), {"tp": 2})
+    with pytest.raises(RuntimeError, match="no process group"):
+        parallelize(GPT(CONFIG), Layout(tp=2))  # a good layout gets as far as the groups
+
+
+def test_check_train_checks_the_layout_against_the_model_and_the_batch():
+    from distlab.parallel.compose.loop import check_train
+
+    tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
+    schedule = check_train(GPT(CONFIG), Layout(pp=2, micro_batches=4), tokens, targets)
+    assert (schedule.name, schedule.stages, schedule.micro_batches) == ("1f1b", 2, 4)
+    with pytest.raises(ValueError, match="batch=8 is not divisible by the dp \\* micro_batches 3"):
+        check_train(GPT(CONFIG), Layout(dp=3), tokens, targets)
+    with pytest.raises(ValueError, match="heads=4 is not divisible by the tensor-parallel size 8"):
+        check_train(GPT(CONFIG), Layout(tp=8), tokens, targets)
+    with pytest.raises(ValueError, match="targets of shape"):
+        check_train(GPT(CONFIG), Layout(), tokens, targets[:2])
+
+
+def _count_checks(rank, world_size):
+    """train on one rank with check_model counted wherever compose looks it up."""
+    torch.set_num_threads(1)
+    from distlab.parallel.compose import loop, model, train
+
+    calls = []
+    check_model = model.check_model
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return check_model(*args, **kwargs)
+
+    loop.check_model = model.check_model = counted
+    try:
+        tokens, targets = gpt_batch(BATCH, CONFIG, seed=1)
+        train(GPT(CONFIG, seed=0), Layout(micro_batches=2), tokens, targets, steps=1, lr=LR)
+    finally:
+        loop.check_model = model.check_model = check_model
+    return calls
+
+
+@pytest.mark.slow  # a process of its own
+def test_train_checks_the_layout_against_the_model_once():
+    (calls,) = distlab.run(_count_checks, 1, timeout=120)
+    assert calls == [Layout(micro_batches=2)]
+
+
 def _train_context(rank, world_size, layout, context):
     torch.set_num_threads(1)
     from distlab.parallel.compose import train

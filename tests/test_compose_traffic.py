@@ -117,13 +117,11 @@ def test_three_d_comm_is_layout_comm_plus_what_train_3d_sent_outside_the_step(
     tp, pp, dp, chunks, zero_stage
 ):
     layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, virtual_stages=chunks,
-                    micro_batches=2)  # fmt: skip
+                    micro_batches=2, micro_batch=2)  # fmt: skip
     for rank in range(layout.world_size):
         stage = layout.coordinates(rank)["pp"]
-        new = layout_comm(SPEC, layout, rank, micro_batch=2, headers=False)
-        old = three_d_comm(SPEC, tp=tp, pp=pp, dp=dp, micro_batch=2, micro_batches=2,
-                           stage=stage, bytes_per_element=4, zero_stage=zero_stage,
-                           chunks=chunks, layer_buffers=(64,))  # fmt: skip
+        new = layout_comm(SPEC, layout, rank, headers=False)
+        old = three_d_comm(SPEC, layout, stage=stage, bytes_per_element=4, layer_buffers=(64,))
         for group, volume in old.items():
             outside = [
                 p

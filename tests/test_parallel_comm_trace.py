@@ -40,6 +40,7 @@ from distlab.sim.topology import preset
 
 CONFIG = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=2)
 TP, PP, DP, M, BATCH = 2, 2, 2, 2, 8
+LAYOUT = Layout(tp=TP, pp=PP, dp=DP, micro_batches=M, micro_batch=BATCH // (DP * M))
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,7 @@ def test_each_rank_sends_what_three_d_comm_predicts_for_its_stage(calls):
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=2)
     for rank, rank_calls in enumerate(calls):
         stage = rank // (TP * DP)
-        want = three_d_comm(spec, tp=TP, pp=PP, dp=DP, micro_batch=BATCH // (DP * M),
-                            micro_batches=M, stage=stage, bytes_per_element=4)  # fmt: skip
+        want = three_d_comm(spec, LAYOUT, stage=stage, bytes_per_element=4)
         for group, volume in want.items():
             sent = sum(
                 c.wire_bytes
@@ -102,8 +102,7 @@ def test_dropping_or_doubling_one_call_breaks_the_match(calls):
 def test_the_prediction_breaks_when_the_model_is_wrong():
     predicted = _predicted()
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=2, tie_embeddings=False)
-    untied = job_comm_totals(rank_volumes(spec, tp=TP, pp=PP, dp=DP, micro_batch=2,
-                                          micro_batches=M, bytes_per_element=4))  # fmt: skip
+    untied = job_comm_totals(rank_volumes(spec, LAYOUT, bytes_per_element=4))
     assert ("embedding", "send") not in untied
     assert untied[("dp", "all_reduce")].calls == predicted[("dp", "all_reduce")].calls
 
@@ -133,10 +132,9 @@ def test_evaluate_is_what_plan_computes_for_that_layout():
     assert evaluate("7B", cluster, layout) == found[0]
     with pytest.raises(ValueError, match="GPUs"):
         evaluate("7B", cluster, layout.with_(dp=layout.dp * 2))
-    lt = layout_step_time(
-        model_preset("7B"), cluster, tp=2, pp=2, dp=2, micro_batch=1, micro_batches=8
-    )
-    assert lt.estimate.layout == Layout(tp=2, pp=2, dp=2, micro_batches=8, sequence_parallel=True)
+    megatron = Layout(tp=2, pp=2, dp=2, micro_batches=8, sequence_parallel=True)
+    lt = layout_step_time(model_preset("7B"), cluster, megatron)
+    assert lt.estimate.layout == megatron
     assert lt.group_seconds["embedding"] == 0  # LLaMA's output layer is not tied
     assert lt.group_seconds["tp"] > lt.group_seconds["dp"] > lt.group_seconds["pp"] > 0
 
@@ -269,9 +267,8 @@ def test_zero1_ranks_send_what_three_d_comm_predicts_per_step(zero_and_interleav
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=4)
     for name, options in OPTIONS.items():
         for rank, (traced, _) in enumerate(zero_and_interleaved):
-            want = three_d_comm(spec, tp=TP, pp=PP, dp=DP, micro_batch=BATCH // (DP * M),
-                                micro_batches=M, stage=rank // (TP * DP), bytes_per_element=4,
-                                zero_stage=1, chunks=options.get("chunks", 1))  # fmt: skip
+            layout = LAYOUT.with_(zero_stage=1, virtual_stages=options.get("chunks", 1))
+            want = three_d_comm(spec, layout, stage=rank // (TP * DP), bytes_per_element=4)
             for group, volume in want.items():
                 sent = sum(
                     c.wire_bytes
@@ -304,8 +301,8 @@ def test_interleaved_sends_are_the_schedules(p, v, m):
     schedule = with_communication(build("interleaved" if v > 1 else "1f1b", p, m, chunks=v))
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=p * v)
     for stage, actions in enumerate(schedule.ranks):
-        volume = three_d_comm(spec, tp=1, pp=p, dp=1, micro_batch=1, micro_batches=m,
-                              stage=stage, chunks=v)["pp"]  # fmt: skip
+        layout = Layout(pp=p, micro_batches=m, virtual_stages=v)
+        volume = three_d_comm(spec, layout, stage=stage)["pp"]
         counted = {p.what.split()[0]: p.count for p in volume.parts}
         kinds = [a.kind for a in actions]
         assert counted.get("activations", 0) == kinds.count("SF") == m * (v - (stage == p - 1))
@@ -314,15 +311,15 @@ def test_interleaved_sends_are_the_schedules(p, v, m):
 
 def test_three_d_comm_rejects_what_train_3d_cannot_run():
     spec = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=4)
-    shape = {"tp": 1, "pp": 2, "dp": 2, "micro_batch": 1, "micro_batches": 2, "stage": 0}
-    with pytest.raises(ValueError, match="zero_stage 2"):
-        three_d_comm(spec, **shape, zero_stage=2)
-    with pytest.raises(ValueError, match="pp \\* chunks=6"):
-        three_d_comm(spec, **shape, chunks=3)
-    with pytest.raises(TypeError, match="chunks"):
-        three_d_comm(spec, **shape, chunks=None)
-    with pytest.raises(ValueError, match="chunks=2 needs pp >= 2"):
-        three_d_comm(spec, **{**shape, "pp": 1}, chunks=2)
+    layout = Layout(pp=2, dp=2, micro_batches=2)
+    with pytest.raises(ValueError, match="zero_stage=2"):
+        three_d_comm(spec, layout.with_(zero_stage=2), stage=0)
+    with pytest.raises(ValueError, match="pp \\* virtual_stages=6"):
+        three_d_comm(spec, layout.with_(virtual_stages=3), stage=0)
+    with pytest.raises(TypeError, match="layout must be a distlab.core.layout.Layout"):
+        three_d_comm(spec, {"tp": 1, "pp": 2, "dp": 2}, stage=0)
+    with pytest.raises(ValueError, match="stage must be an integer in 0..1"):
+        three_d_comm(spec, layout, stage=2)
 
 
 @pytest.mark.parametrize("dp", [2, 3, 5])

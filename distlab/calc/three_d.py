@@ -5,9 +5,11 @@ Pure Python, beside the planner. The mirror of
 it on torch; this one counts it without torch):
 
 * :func:`three_d_comm`: the bytes one rank of a pipeline stage sends per step, per
-  process group, as ``train_3d`` runs (plain DP or ZeRO-1, 1F1B or the interleaved
-  schedule): :func:`distlab.calc.layout_comm.layout_comm` of that layout, plus what
-  ``train_3d`` sends outside the step; :func:`rank_volumes` for every rank;
+  process group, for a :class:`~distlab.core.layout.Layout` as ``train_3d`` runs it
+  (plain DP or ZeRO-1, 1F1B or the interleaved schedule; :func:`check_three_d_layout`
+  refuses by name what ``train_3d`` cannot set):
+  :func:`distlab.calc.layout_comm.layout_comm` of that layout, plus what ``train_3d``
+  sends outside the step; :func:`rank_volumes` for every rank;
 * :func:`job_comm_totals`: those summed over the ranks per group and collective: the
   numbers a trace of one step must equal (:mod:`distlab.parallel.compose.traffic`);
 * :func:`layout_step_time`: the planner's estimate of that one layout
@@ -31,7 +33,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from distlab.core.checks import choice, divides, positive_int
+import numpy as np
+
+from distlab.core.checks import divides, int_in
 from distlab.core.layout import Layout
 from distlab.core.ranks import group_array
 
@@ -59,30 +63,73 @@ def gpt_layer_buffers(spec: ModelSpec) -> tuple[int, ...]:
     return (spec.seq_len**2,)
 
 
+def _pp_groups(layout: Layout) -> np.ndarray:
+    """``layout``'s pipeline groups, ``(tp * dp, pp)`` ranks, stage s in column s (any
+    ``order``; :func:`~distlab.core.ranks.group_array`, cheap for thousands of ranks)."""
+    degrees = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}
+    return group_array(layout.world_size, "pp", order=layout.order, **degrees)
+
+
+def _a_layout(layout: object) -> Layout:
+    """``layout``, or a ``TypeError`` if it is not a :class:`~distlab.core.layout.Layout`."""
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a distlab.core.layout.Layout, got {layout!r}")
+    return layout
+
+
+def check_three_d_layout(layout: object, who: str = "three_d_comm") -> Layout:
+    """``layout`` if ``train_3d`` can run it, so that :func:`three_d_comm` can count it:
+    tp, pp and dp with plain DP or ZeRO-1, any schedule and ``virtual_stages``, any
+    ``order``. Else a ``TypeError`` (not a :class:`~distlab.core.layout.Layout`) or a
+    ``ValueError`` naming the field ``train_3d`` has no setting for (``who`` names the
+    caller in the message)."""
+    layout = _a_layout(layout)
+    counted = f"{who} counts train_3d's TP x PP x DP run"
+    for name in ("cp", "ep"):
+        value = getattr(layout, name)
+        if value > 1:
+            raise ValueError(
+                f"{counted}, which has no {name}: {name}={value} is not modelled here; use "
+                f"{name}=1 (distlab.calc.layout_comm.layout_comm counts any layout's step)"
+            )
+    if layout.zero_stage not in (0, 1):
+        raise ValueError(
+            f"{counted}: zero_stage={layout.zero_stage} is not modelled here; allowed: "
+            "zero_stage 0 (DDP) or 1 (ZeRO-1)"
+        )
+    if layout.sequence_parallel:
+        raise ValueError(
+            f"{counted}, which has no sequence parallelism: sequence_parallel=True is not "
+            "modelled here; use sequence_parallel=False"
+        )
+    if layout.recompute != "none":
+        raise ValueError(
+            f"{counted}, which does not recompute: recompute={layout.recompute!r} is not "
+            "modelled here; use recompute='none'"
+        )
+    return layout
+
+
 def three_d_comm(
-    spec,
+    spec: ModelSpec,
+    layout: Layout,
     *,
-    tp: int,
-    pp: int,
-    dp: int,
-    micro_batch: int,
-    micro_batches: int,
     stage: int,
     bytes_per_element: int = 2,
-    zero_stage: int = 0,
-    chunks: int = 1,
     layer_buffers: Sequence[int] = (),
 ) -> dict[str, CommVolume]:
     """Bytes one rank of pipeline stage ``stage`` sends per step of a TP x PP x DP job,
-    per process group, as :func:`distlab.parallel.compose.three_d.train_3d` reports it: the
-    layout ``Layout(tp, pp, dp, zero_stage, virtual_stages=chunks, micro_batches)`` counted
-    by :func:`distlab.calc.layout_comm.layout_comm` (one formula per parallelism), plus
-    what ``train_3d`` sends outside the step.
+    per process group, as :func:`distlab.parallel.compose.three_d.train_3d` reports it:
+    ``layout`` counted by :func:`distlab.calc.layout_comm.layout_comm` (one formula per
+    parallelism), plus what ``train_3d`` sends outside the step.
 
-    ``spec`` is a :class:`~distlab.calc.transformer.ModelSpec`; ``micro_batch``
-    sequences per micro-batch, ``micro_batches`` (m) per replica; ``chunks`` (v)
-    model chunks per rank for the interleaved schedule (1: 1F1B, GPipe or
-    ZB-H1, which all send the same messages). Groups, always all four:
+    ``spec`` is a :class:`~distlab.calc.transformer.ModelSpec`; ``layout`` a
+    :class:`~distlab.core.layout.Layout` that ``train_3d`` can run
+    (:func:`check_three_d_layout`: cp, ep, ``sequence_parallel``, ``recompute`` and
+    ``zero_stage`` 2 or 3 are refused by name): ``layout.micro_batch`` sequences per
+    micro-batch, ``layout.micro_batches`` (m) per replica, ``layout.virtual_stages`` (v)
+    model chunks per rank for the interleaved schedule (1: 1F1B, GPipe or ZB-H1, which
+    all send the same messages). Groups, always all four:
 
     * ``"tp"``: Megatron's all-reduces of the stage's ``layers / pp`` layers and the
       vocabulary-parallel embedding, head and loss;
@@ -105,18 +152,15 @@ def three_d_comm(
     each tensor (8 int64, 64 bytes; ``layout_comm(headers=True)`` counts them), and
     the one-time checks when the model is built. Empty volumes for groups of one rank.
     """
-    choice("zero_stage", zero_stage, (0, 1))
-    v = positive_int("chunks", chunks)
-    divides("pp * chunks", pp * v, "layers", spec.layers)
-    if pp == 1 and v > 1:  # as train_3d: one stage has no boundary to interleave
-        raise ValueError(f"chunks={v} needs pp >= 2: one pipeline stage has nothing to interleave")
-    layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, virtual_stages=v,
-                    micro_batches=micro_batches)  # fmt: skip
+    layout = check_three_d_layout(layout)
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    stage = int_in("stage", stage, 0, pp - 1)
+    divides("pp * virtual_stages", pp * layout.virtual_stages, "layers", spec.layers)
     bpe = bytes_per_element
-    volumes = layout_comm(spec, layout, stage * tp * dp, micro_batch=micro_batch,
-                          bytes_per_element=bpe, headers=False)  # fmt: skip
+    rank = int(_pp_groups(layout)[0, stage])  # a rank of that stage, in any order
+    volumes = layout_comm(spec, layout, rank, bytes_per_element=bpe, headers=False)
     dp_parts = volumes["dp"].parts if "dp" in volumes else ()
-    if dp > 1 and zero_stage == 1:
+    if dp > 1 and layout.zero_stage == 1:
         tensors = rank_parameter_tensors(spec, tp=tp, pp=pp, stage=stage)
         buffers = tuple(layer_buffers) * (spec.layers // pp)
         dp_parts += _setup_broadcasts(tensors + buffers, dp=dp, bytes_per_element=bpe)
@@ -138,19 +182,23 @@ def _setup_broadcasts(tensors, *, dp: int, bytes_per_element: int) -> tuple[Comm
 
 
 def rank_volumes(
-    spec: ModelSpec, *, tp: int, pp: int, dp: int, micro_batch: int, micro_batches: int,
-    bytes_per_element: int = 4, zero_stage: int = 0, chunks: int = 1,
-    layer_buffers: tuple[int, ...] = (),
+    spec: ModelSpec, layout: Layout, *, bytes_per_element: int = 4,
+    layer_buffers: Sequence[int] = (),
 ) -> list[dict[str, CommVolume]]:  # fmt: skip
-    """:func:`three_d_comm` of every rank, in rank order
-    (Megatron's numbering: pipeline stage = rank // (tp * dp))."""
+    """:func:`three_d_comm` of every rank of ``layout``, in rank order (each rank's
+    pipeline stage from ``layout.order``; Megatron's default numbering puts rank r
+    on stage r // (tp * dp))."""
+    layout = check_three_d_layout(layout, "rank_volumes")
     per_stage = [
-        three_d_comm(spec, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
-                     micro_batches=micro_batches, stage=s, bytes_per_element=bytes_per_element,
-                     zero_stage=zero_stage, chunks=chunks, layer_buffers=layer_buffers)
-        for s in range(pp)
+        three_d_comm(spec, layout, stage=s, bytes_per_element=bytes_per_element,
+                     layer_buffers=layer_buffers)
+        for s in range(layout.pp)
     ]  # fmt: skip
-    return [per_stage[rank // (tp * dp)] for rank in range(tp * pp * dp)]
+    stage_of = [0] * layout.world_size
+    for group in _pp_groups(layout).tolist():
+        for stage, rank in enumerate(group):
+            stage_of[rank] = stage
+    return [per_stage[stage] for stage in stage_of]
 
 
 @dataclass
@@ -194,42 +242,53 @@ class LayoutTime:
 def layout_step_time(
     spec: ModelSpec,
     cluster: ClusterSpec,
+    layout: Layout,
     *,
-    tp: int,
-    pp: int,
-    dp: int,
-    micro_batch: int,
-    micro_batches: int,
     assumptions: PlannerAssumptions | None = None,
 ) -> LayoutTime:
-    """Step time of one layout on ``cluster`` (e.g. ``preset("dgx-h100", nodes=1)``).
+    """Step time of one ``layout`` on ``cluster`` (e.g. ``preset("dgx-h100", nodes=1)``).
 
-    The planner side (:func:`~distlab.calc.planner.evaluate`, ZeRO off, no
-    recompute, 1F1B) is ``(m + (p-1)) x (compute + TP + PP per micro-batch)
-    + exposed DP``, in the recipe of ``assumptions`` (bf16 with Adam by
-    default; Narayanan et al. 2021, Section 2.2 for the bubble). The
-    simulator side is, for each group, the busiest rank's
-    :func:`three_d_comm` volume in the same element size
-    run one collective after another on the group's link
-    (:meth:`~distlab.calc.volume.CommVolume.time_on`: messages x alpha + bytes /
-    bandwidth, Hockney 1994). The per-group times count whole steps, not one
-    micro-batch, and do not overlap anything: compare them with the planner's
-    ``tp_comm_s``, ``pp_comm_s`` and ``dp_comm_s``. The planner uses one
+    The planner side is :func:`~distlab.calc.planner.evaluate` of ``layout`` as given
+    (ZeRO off, no recompute; with 1F1B ``(m + (p-1)) x (compute + TP + PP per
+    micro-batch) + exposed DP``), in the recipe of ``assumptions`` (bf16 with Adam by
+    default; Narayanan et al. 2021, Section 2.2 for the bubble); set
+    ``sequence_parallel=True`` (tp > 1) to price Megatron's run, as the planner's
+    search does. The simulator side is, for each group, the busiest rank's
+    :func:`three_d_comm` volume of ``train_3d``'s run of the same layout, which has no
+    sequence parallelism (``layout`` with ``sequence_parallel=False``), in the same
+    element size, run one collective after another on the group's link (:meth:`~distlab.calc.volume.CommVolume.time_on`:
+    messages x alpha + bytes / bandwidth, Hockney 1994). The per-group times count
+    whole steps, not one micro-batch, and do not overlap anything: compare them with
+    the planner's ``tp_comm_s``, ``pp_comm_s`` and ``dp_comm_s``. The planner uses one
     gradient all-reduce (one bucket) and Megatron's 1/tp pipeline sends;
-    ``three_d_comm`` counts distlab's run: one all-reduce per tensor (more
-    alpha terms) and whole activations per tp rank.
+    ``three_d_comm`` counts distlab's run: one all-reduce per tensor (more alpha terms)
+    and whole activations per tp rank.
+
+    Both sides must model ``layout``: a ``ValueError`` names ``zero_stage`` (ZeRO off
+    only: ZeRO-1's once-per-run broadcast is not a step's), cp, ep or ``recompute``
+    (:func:`check_three_d_layout`: ``train_3d`` has none of them). Any ``order`` (the
+    groups and their links follow it), schedule and ``virtual_stages``.
     """
+    layout = _a_layout(layout)
+    if layout.zero_stage:
+        raise ValueError(
+            f"layout_step_time compares plain DP: zero_stage={layout.zero_stage} is not "
+            "modelled here (three_d_comm's ZeRO-1 broadcast is once per run, not per step); "
+            "use zero_stage=0"
+        )
+    run = check_three_d_layout(layout.with_(sequence_parallel=False), "layout_step_time")
     a = assumptions or PlannerAssumptions()
-    layout = Layout(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, micro_batches=micro_batches,
-                    sequence_parallel=tp > 1)  # fmt: skip
     estimate = evaluate(spec, cluster, layout, assumptions=a)
     bpe = get_recipe(a.recipe).grad_bytes
-    volumes = rank_volumes(spec, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
-                           micro_batches=micro_batches, bytes_per_element=bpe)  # fmt: skip
-    world, degrees = tp * pp * dp, {"tp": tp, "pp": pp, "dp": dp}
-    links = {d: group_link(cluster, group_array(world, d, **degrees)) for d in ("tp", "pp", "dp")}
-    ends = [[r, r + (pp - 1) * tp * dp] for r in range(tp * dp)]  # first and last stage
-    links["embedding"] = group_link(cluster, ends) if pp > 1 else None
+    volumes = rank_volumes(spec, run, bytes_per_element=bpe)
+    world, order = layout.world_size, layout.order
+    degrees = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}
+    links = {
+        d: group_link(cluster, group_array(world, d, order=order, **degrees))
+        for d in ("tp", "pp", "dp")
+    }
+    ends = _pp_groups(layout)[:, [0, -1]]  # first and last stage of each pipeline
+    links["embedding"] = group_link(cluster, ends) if layout.pp > 1 else None
     seconds, names = {}, {}
     for group, link in links.items():
         names[group] = link.name if link is not None else "-"

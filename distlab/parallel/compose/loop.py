@@ -57,7 +57,8 @@ parameters (:func:`~distlab.parallel.comm.agreement.check_same_across_ranks`, tw
 all-gathers per call). A rank with another layout or step count would otherwise hang
 the others; one with another batch or lr would train silently wrong. Each rank's own
 bad value (a batch that dp * micro_batches does not divide) is refused before that,
-on that rank, by name.
+on that rank, by name: :func:`check_train` checks the layout against the model and the
+batch, once (``parallelize`` is then called without checking them again).
 """
 
 from __future__ import annotations
@@ -80,14 +81,14 @@ from distlab.parallel.comm.trace import name_groups, trace_comm
 from distlab.parallel.context.ring import split_sequence
 from distlab.parallel.moe.gpt import MoELayerStats, moe_layers, routing_stats
 from distlab.parallel.moe.layer import average_moe_gradients
-from distlab.parallel.pipeline import run_pipeline
+from distlab.parallel.pipeline import PipelineSchedule, run_pipeline
 from distlab.parallel.precision.memory import optimizer_state_tensors, storage_bytes
 from distlab.parallel.precision.mixed_precision import DynamicLossScaler, grads_are_finite
 from distlab.parallel.tensor.checks import check_divisible
 from distlab.parallel.zero.optimizer import ZeroOptimizer
 
 from .checkpoint import check_save_after, load_checkpoint, save_checkpoint
-from .model import ParallelModel, check_model, compute_dtype, parallelize
+from .model import ParallelModel, check_model, compute_dtype, parallelize_checked
 
 #: optimizer name -> (torch class, its keyword arguments, the
 #: :data:`distlab.calc.memory.RECIPES` entry whose bytes per parameter it keeps)
@@ -300,6 +301,30 @@ def _state_tensors(parallel: ParallelModel, step_with, holder) -> list[torch.Ten
     return [*params, *(p.grad for p in params), *grad_shards, *states]
 
 
+def check_train(
+    model: GPT,
+    layout: Layout,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    split: str = "zigzag",
+    context: str = "ring",
+) -> PipelineSchedule:
+    """The one check of :func:`train`'s model, layout and batch, on this rank, before any
+    process group is built: the pipeline schedule ``layout`` names, or an error naming
+    the value. The batch against the model (:func:`~distlab.models.check_batch`: token
+    ids, shapes, ``seq_len``), the layout against the model (:func:`~.model.check_model`:
+    tp, cp, ep, pp and the schedule against heads, hidden, layers, the sequence and the
+    experts, and the refused combinations), and the batch against the layout: dp *
+    micro_batches | b (each replica's b / dp sequences cut into equal micro-batches)."""
+    check_batch(tokens, targets, model.config)
+    schedule = check_model(model, layout, split=split, context=context)
+    check_divisible(
+        "batch", tokens.shape[0], layout.dp * layout.micro_batches, by="dp * micro_batches"
+    )
+    return schedule
+
+
 def train(
     model: GPT,
     layout: Layout,
@@ -347,11 +372,7 @@ def train(
         raise ValueError(f"loss_scaler is for precision='fp16', got precision={precision!r}")
     if dtype is torch.float16:
         loss_scaler = DynamicLossScaler() if loss_scaler is None else loss_scaler
-    check_batch(tokens, targets, model.config)
-    check_model(model, layout, split=split, context=context)
-    check_divisible(
-        "batch", tokens.shape[0], layout.dp * layout.micro_batches, by="dp * micro_batches"
-    )
+    schedule = check_train(model, layout, tokens, targets, split=split, context=context)
     check_same_across_ranks(
         {
             "layout": layout,
@@ -376,9 +397,10 @@ def train(
         },
         hint="every rank must call train with the same model and arguments",
     )
-    parallel = parallelize(
-        model, layout, split=split, context=context, algorithm=algorithm, precision=precision
-    )
+    parallel = parallelize_checked(
+        model, layout, schedule, mesh=None, split=split, context=context, algorithm=algorithm,
+        seed=0, dtype=dtype,
+    )  # fmt: skip
     mesh, where = parallel.mesh, parallel.mesh.coordinates
     if aux_weight:
         parallel.stage.side_loss = lambda chunk: balancing_loss(parallel, chunk, aux_weight)

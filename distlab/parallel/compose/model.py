@@ -138,7 +138,14 @@ def check_model(
     ``model`` can run under ``layout``: tp | heads and hidden, pp * v | layers, the
     sequence splits into the cp chunks (and their SP slices), ep | experts, the
     schedule can run the micro-batches, and none of the refused combinations (module
-    docstring). Needs no process group."""
+    docstring); ``TypeError`` for a ``layout`` that is not a :class:`Layout` or a
+    ``model`` that is not a distlab GPT. Needs no process group.
+
+    The one check of a layout against a model: :func:`parallelize` makes it before it
+    builds anything, and :func:`~distlab.parallel.compose.train` once, with its batch
+    (:func:`~distlab.parallel.compose.loop.check_train`)."""
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a distlab Layout, got {type(layout).__name__}")
     if not isinstance(model, GPT):
         raise TypeError(f"parallelize takes a distlab GPT or MoEGPT, got {type(model).__name__}")
     if split not in SPLITS:
@@ -315,11 +322,33 @@ def parallelize(
     (:mod:`distlab.parallel.tensor.rng`): the default random stream is reseeded with
     ``seed + 100 * pp_rank`` on every rank (alike on the tp ranks of a stage, so the
     replicated activations drop the same elements), and dropout inside the
-    tensor-parallel region draws from a stream seeded per tp rank."""
-    if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a distlab Layout, got {type(layout).__name__}")
+    tensor-parallel region draws from a stream seeded per tp rank.
+
+    ``model`` and ``layout`` are checked first (:func:`check_model`: a ``ValueError``
+    naming what does not fit), before any process group is built."""
     schedule = check_model(model, layout, split=split, context=context)
-    dtype = compute_dtype(precision)
+    return parallelize_checked(
+        model, layout, schedule, mesh=mesh, split=split, context=context, algorithm=algorithm,
+        seed=seed, dtype=compute_dtype(precision),
+    )  # fmt: skip
+
+
+def parallelize_checked(
+    model: GPT,
+    layout: Layout,
+    schedule: PipelineSchedule,
+    *,
+    mesh: ParallelMesh | None,
+    split: str,
+    context: str,
+    algorithm: str,
+    seed: int,
+    dtype: torch.dtype | None,
+) -> ParallelModel:
+    """:func:`parallelize` of a ``model`` and ``layout`` that :func:`check_model` accepted,
+    without checking them again: ``schedule`` is what it returned, ``dtype`` what
+    :func:`compute_dtype` gave for the precision. :func:`~distlab.parallel.compose.train`
+    checks once (:func:`~distlab.parallel.compose.loop.check_train`) and calls this."""
     if not dist.is_initialized():
         raise RuntimeError("no process group: call parallelize inside distlab.run(...)")
     mesh = build_mesh(layout) if mesh is None else mesh

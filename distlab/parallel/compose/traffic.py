@@ -29,6 +29,7 @@ from distlab.calc.three_d import (
     job_comm_totals,
     rank_volumes,
 )
+from distlab.core.layout import Layout
 from distlab.core.units import format_bytes
 from distlab.launch import run
 from distlab.models import gpt_batch
@@ -111,13 +112,15 @@ def predicted_three_d(
     chunks: int = 1,
 ):  # fmt: skip
     """:func:`~distlab.calc.three_d.job_comm_totals` of ``train_3d`` on a
-    :class:`~distlab.models.GPTConfig` with ``batch`` sequences, fp32."""
+    :class:`~distlab.models.GPTConfig` with ``batch`` sequences, fp32: the layout
+    ``train_3d`` builds from these arguments (``chunks`` is ``virtual_stages``), with
+    ``batch / (dp * micro_batches)`` sequences per micro-batch."""
     spec = gpt_spec(vocab=config.vocab, seq_len=config.seq_len, hidden=config.hidden,
                     heads=config.heads, layers=config.layers,
                     tie_embeddings=config.tie_embeddings)  # fmt: skip
-    volumes = rank_volumes(spec, tp=tp, pp=pp, dp=dp, micro_batch=batch // (dp * micro_batches),
-                           micro_batches=micro_batches, bytes_per_element=4,
-                           zero_stage=zero_stage, chunks=chunks,
+    layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, virtual_stages=chunks,
+                    micro_batches=micro_batches, micro_batch=batch // (dp * micro_batches))  # fmt: skip
+    volumes = rank_volumes(spec, layout, bytes_per_element=4,
                            layer_buffers=gpt_layer_buffers(spec))  # fmt: skip
     return job_comm_totals(volumes)
 
