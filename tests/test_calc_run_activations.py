@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpt_models import make_model
 
 import distlab
 from distlab.calc.layout_comm import MoESpec
@@ -30,7 +31,7 @@ from distlab.calc.memory import activation_bytes_per_layer
 from distlab.calc.run_activations import chunk_activations, in_flight_peak, layout_activations
 from distlab.calc.three_d import gpt_spec
 from distlab.core.layout import Layout
-from distlab.models import GPT, GPTConfig, gpt_batch
+from distlab.models import GPTConfig, gpt_batch
 
 CONFIG = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=4)
 DROPOUT = GPTConfig(vocab=62, seq_len=8, hidden=32, heads=4, layers=4, dropout=0.1)
@@ -116,10 +117,9 @@ def _train(rank, world_size, layout, config, context, split="zigzag", precision=
            moe=None):  # fmt: skip
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
-    from distlab.parallel.moe.gpt import MoEConfig, MoEGPT
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
-    model = GPT(config, seed=0) if moe is None else MoEGPT(config, MoEConfig(**moe), seed=0)
+    model = make_model(config, moe)
     run = train(model, layout, tokens, targets, steps=1, lr=0.1, context=context, split=split,
                 precision=precision)  # fmt: skip
     return run.rank, run.peak_activation_bytes, run.moe_kept[0]

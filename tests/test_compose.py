@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpt_models import make_model
 
 import distlab
 from distlab.core.layout import Layout
@@ -86,21 +87,12 @@ def loss_holders(layout: Layout) -> set[int]:
     )
 
 
-def make_model(config: GPTConfig, moe: dict | None, routing_groups: int = 1) -> GPT:
-    """The plain model every rank starts from (and the reference, with its routing groups)."""
-    if moe is None:
-        return GPT(config, seed=0)
-    from distlab.parallel.moe.gpt import MoEConfig, MoEGPT
-
-    return MoEGPT(config, MoEConfig(num_experts=4, **moe), seed=0, routing_groups=routing_groups)
-
-
 def _train(rank, world_size, layout, config, moe):
     torch.set_num_threads(1)
     from distlab.parallel.compose import train
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
-    model = make_model(config, moe)
+    model = make_model(config, moe)  # the plain model every rank starts from
     return train(model, layout, tokens, targets, steps=STEPS, lr=LR, optimizer=OPTIMIZER)
 
 

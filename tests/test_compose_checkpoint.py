@@ -27,6 +27,7 @@ import shutil
 
 import pytest
 import torch
+from gpt_models import make_model
 
 import distlab
 from distlab.core.layout import Layout
@@ -63,16 +64,12 @@ MORE_LAYOUTS = {
 def _train(rank, world_size, layout, config, optimizer, lr, steps, options, capacity=None):
     torch.set_num_threads(1)
     torch.manual_seed(rank)  # the dropout masks of an uninterrupted run, the same every time
-    from distlab.models import GPT, gpt_batch
+    from distlab.models import gpt_batch
     from distlab.parallel.compose import train
 
     tokens, targets = gpt_batch(BATCH, config, seed=1)
-    if capacity is None:
-        model = GPT(config, seed=0)
-    else:  # MoE blocks, experts over ep
-        from distlab.parallel.moe.gpt import MoEConfig, MoEGPT
-
-        model = MoEGPT(config, MoEConfig(num_experts=4, capacity_factor=capacity), seed=0)
+    # capacity: MoE blocks, experts over ep
+    model = make_model(config, None if capacity is None else {"capacity_factor": capacity})
     return train(model, layout, tokens, targets, steps=steps, lr=lr, optimizer=optimizer, **options)
 
 

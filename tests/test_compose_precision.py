@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_compose import BATCH, CASES, LR, OPTIMIZER, STEPS, make_model
+from gpt_models import make_model
+from test_compose import BATCH, CASES, LR, OPTIMIZER, STEPS
 from test_compose_traffic import predicted
 
 import distlab

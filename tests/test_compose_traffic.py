@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_compose import BATCH, CASES, OPTIMIZER, make_model  # the six layouts, one place
+from gpt_models import make_model
+from test_compose import BATCH, CASES, OPTIMIZER  # the six layouts, one place
 
 import distlab
 from distlab.calc.comm import context_parallel_comm

@@ -18,6 +18,7 @@ import functools
 
 import pytest
 import torch
+from gpt_blocks import Block, dense_block
 
 import distlab
 from distlab.calc.comm import tensor_parallel_comm
@@ -27,29 +28,7 @@ from distlab.models import GPTBlock
 from distlab.parallel.tensor.layers import block_shard
 
 HIDDEN, HEADS, SEQ, BATCH = 48, 12, 12, 2
-
-
-def make_block() -> GPTBlock:
-    """A GPTBlock with the same weights in every process (GPTBlock takes no seed)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return GPTBlock(HIDDEN, HEADS, max_seq_len=SEQ)
-
-
-def block_inputs():
-    gen = torch.Generator().manual_seed(3)
-    return torch.randn(BATCH, SEQ, HIDDEN, generator=gen), torch.randn(
-        BATCH, SEQ, HIDDEN, generator=gen
-    )
-
-
-def dense_block():
-    block = make_block()
-    x, grad_y = block_inputs()
-    x.requires_grad_()
-    y = block(x)
-    y.backward(grad_y)
-    return y.detach(), x.grad, {n: p.grad for n, p in block.named_parameters()}
+BLOCK = Block(HIDDEN, HEADS, SEQ, BATCH, seed=0, data_seed=3)
 
 
 MEMORY = {"s": 16, "b": 2, "h": 64, "a": 8}
@@ -68,8 +47,8 @@ def _worker(rank, world_size):
     from distlab.parallel.tensor.activations import measure_saved_activations
 
     comm = TensorParallelComm(algorithm="ring")
-    block = ParallelBlock(make_block(), comm, sequence_parallel=True)
-    x, grad_y = block_inputs()
+    block = ParallelBlock(BLOCK.make(), comm, sequence_parallel=True)
+    x, grad_y = BLOCK.inputs()
     x = x.chunk(world_size, 1)[rank].requires_grad_()
     with count_traffic() as traffic:
         y = block(x)
@@ -104,7 +83,7 @@ def results(t: int):
 
 @pytest.mark.parametrize("t", [1, 2, 4])
 def test_sequence_parallel_block_equals_dense_on_its_tokens(t):
-    y, x_grad, grads = dense_block()
+    y, x_grad, grads = dense_block(BLOCK)
     for r, res in enumerate(results(t)):
         torch.testing.assert_close(res["y"], y.chunk(t, 1)[r])
         torch.testing.assert_close(res["x_grad"], x_grad.chunk(t, 1)[r])

@@ -17,6 +17,7 @@ import functools
 
 import pytest
 import torch
+from gpt_blocks import Block, dense_block
 
 import distlab
 from distlab.calc.comm import tensor_parallel_comm
@@ -29,19 +30,7 @@ UNTIED = GPTConfig(
     vocab=62, seq_len=SEQ, hidden=HIDDEN, heads=HEADS, layers=1, tie_embeddings=False
 )
 VARIANTS = [("gpt", CONFIG, False), ("gpt_sp", CONFIG, True), ("gpt_untied", UNTIED, False)]
-
-
-def make_block(hidden: int = HIDDEN, heads: int = HEADS) -> GPTBlock:
-    """A GPTBlock with the same weights in every process (GPTBlock takes no seed)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return GPTBlock(hidden, heads, max_seq_len=SEQ)
-
-
-def block_inputs():
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(BATCH, SEQ, HIDDEN, generator=gen)
-    return x, torch.randn(BATCH, SEQ, HIDDEN, generator=gen)
+BLOCK = Block(HIDDEN, HEADS, SEQ, BATCH, seed=0, data_seed=3)
 
 
 def _worker(rank, world_size):
@@ -52,8 +41,8 @@ def _worker(rank, world_size):
     from distlab.parallel.tensor.vocab import vocab_parallel_cross_entropy
 
     comm = TensorParallelComm(algorithm="ring")
-    block = ParallelBlock(make_block(), comm)
-    x, grad_y = block_inputs()
+    block = ParallelBlock(BLOCK.make(), comm)
+    x, grad_y = BLOCK.inputs()
     x.requires_grad_()
     with count_traffic() as traffic:
         y = block(x)
@@ -83,7 +72,7 @@ def _worker(rank, world_size):
             logits, targets, comm, start=model.tok.start, vocab=padded
         )
     comm = TensorParallelComm(algorithm="ring")
-    x, grad_y = block_inputs()
+    x, grad_y = BLOCK.inputs()
     x.requires_grad_()
     y = gather_from_tp(split_to_tp(x, comm), comm)
     y.backward(grad_y)
@@ -96,18 +85,9 @@ def results(t: int):
     return distlab.run(_worker, t, timeout=120, show_output=False)
 
 
-def dense_block():
-    block = make_block()
-    x, grad_y = block_inputs()
-    x.requires_grad_()
-    y = block(x)
-    y.backward(grad_y)
-    return y.detach(), x.grad, {n: p.grad for n, p in block.named_parameters()}
-
-
 @pytest.mark.parametrize("t", [1, 2, 3, 4])
 def test_parallel_block_equals_dense_block(t):
-    y, x_grad, grads = dense_block()
+    y, x_grad, grads = dense_block(BLOCK)
     for r, res in enumerate(results(t)):
         tp = res["tp"]
         torch.testing.assert_close(tp["y"], y)
@@ -179,7 +159,7 @@ def test_unmasked_padding_would_shift_the_loss(t):
 
 @pytest.mark.parametrize("t", [1, 2, 3, 4])
 def test_split_then_gather_is_the_identity_both_ways(t):
-    x, grad_y = block_inputs()
+    x, grad_y = BLOCK.inputs()
     for res in results(t):
         got = res["split_gather"]
         torch.testing.assert_close(got["y"], x, rtol=0, atol=0)

@@ -5,103 +5,35 @@ output and the gradients of Q, K and V must equal dense causal attention's on
 those tokens, a GPT block with Ulysses attention must equal the dense block
 (output, input gradient, every weight gradient), the bytes each rank sends
 must equal ``calc.comm.ulysses_comm`` and the wire count, and a head count
-the group cannot divide is refused by name.
+the group cannot divide is refused by name. One launch per group size runs every
+case (``gpt_blocks.worker``, shared with test_parallel_context.py).
 """
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
+from gpt_blocks import ContextCase, assert_attention_equals_dense, assert_block_equals_dense
+from gpt_blocks import results as run_blocks
 
 import distlab
 from distlab.calc.comm import context_parallel_kv_bytes, ulysses_comm
 from distlab.models import GPTBlock
-from distlab.parallel.context.ring import dense_causal_attention, local_positions
 
 B, A, S, D = 2, 4, 16, 8
+CASE = ContextCase(B, A, S, D, seed=7, block_seed=1, block_data_seed=8)
+ATTENTION = (("ulysses", "contiguous"), ("ulysses", "zigzag"))
+BLOCKS = (("ulysses", "zigzag"),)
 
 
-def inputs():
-    gen = torch.Generator().manual_seed(7)
-    return tuple(torch.randn(B, A, S, D, generator=gen) for _ in range(4))
-
-
-def make_block() -> GPTBlock:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        return GPTBlock(A * D, A, max_seq_len=S)
-
-
-def block_inputs():
-    gen = torch.Generator().manual_seed(8)
-    return torch.randn(B, S, A * D, generator=gen), torch.randn(B, S, A * D, generator=gen)
-
-
-def _worker(rank, world_size):
-    torch.set_num_threads(1)
-    from distlab.collectives import count_traffic
-    from distlab.parallel.comm.trace import trace_comm
-    from distlab.parallel.context.ring import ContextParallelBlock, split_sequence
-    from distlab.parallel.context.ulysses import Ulysses, ulysses_attention
-
-    out = {}
-    for split in ("contiguous", "zigzag"):
-        cp = Ulysses(split=split)
-        q, k, v, grad = (split_sequence(t, 2, world_size, rank, split) for t in inputs())
-        for t in (q, k, v):
-            t.requires_grad_()
-        with count_traffic() as traffic, trace_comm() as trace:
-            y = ulysses_attention(q, k, v, cp, S)
-            y.backward(grad)
-        out[split] = {
-            "y": y.detach(),
-            "grads": [q.grad, k.grad, v.grad],
-            "calls": dict(cp.messages),
-            "bytes": dict(cp.bytes_sent),
-            "wire": traffic.bytes_sent,
-            "traced": sum(c.wire_bytes for c in trace.calls if c.collective == "all_to_all"),
-            "held": cp.kv_bytes_held,
-        }
-    block = ContextParallelBlock(make_block(), Ulysses(split="zigzag"), seq_len=S)
-    x, grad = (split_sequence(t, 1, world_size, rank, "zigzag") for t in block_inputs())
-    x.requires_grad_()
-    y = block(x)
-    y.backward(grad)
-    block.finish_gradients()
-    out["block"] = {
-        "y": y.detach(),
-        "x_grad": x.grad,
-        "grads": {n.removeprefix("block."): p.grad for n, p in block.named_parameters()},
-    }
-    return out
-
-
-@functools.cache
 def results(n: int):
-    return distlab.run(_worker, n, timeout=120, show_output=False)
-
-
-@functools.cache
-def dense():
-    q, k, v, grad = inputs()
-    for t in (q, k, v):
-        t.requires_grad_()
-    y = dense_causal_attention(q, k, v)
-    y.backward(grad)
-    return y.detach(), [q.grad, k.grad, v.grad]
+    return run_blocks(CASE, n, ATTENTION, BLOCKS)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 @pytest.mark.parametrize("split", ["contiguous", "zigzag"])
 def test_ulysses_attention_equals_dense_causal_attention(n, split):
-    y, grads = dense()
-    for r, res in enumerate(results(n)):
-        mine = local_positions(S, n, r, split)
-        torch.testing.assert_close(res[split]["y"], y[:, :, mine])
-        for got, want, name in zip(res[split]["grads"], grads, "qkv", strict=True):
-            torch.testing.assert_close(got, want[:, :, mine], msg=f"d{name}")
+    assert_attention_equals_dense(CASE, results(n), "ulysses", split)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
@@ -111,11 +43,12 @@ def test_four_all_to_alls_each_way_send_what_calc_counts(n):
     )
     per_phase = {part.what.split()[0]: part.bytes_sent for part in volume.parts}
     for res in results(n):
-        got = res["zigzag"]
-        assert got["calls"] == ({"forward": 4, "backward": 4} if n > 1 else {})
+        got = res["attention"]["ulysses", "zigzag"]
+        assert got["messages"] == ({"forward": 4, "backward": 4} if n > 1 else {})
         assert got["bytes"] == {phase: b for phase, b in per_phase.items()}
         assert got["wire"] == volume.total  # what distlab's all-to-all put on the wire
-        assert got["traced"] == volume.total  # and what the comm trace saw
+        traced = sum(wire for _, collective, wire in got["calls"] if collective == "all_to_all")
+        assert traced == volume.total  # and what the comm trace saw
         assert got["held"] == context_parallel_kv_bytes(
             "ulysses", seq_len=S // n, micro_batch=B, hidden=A * D, cp=n, bytes_per_element=4
         )
@@ -123,17 +56,7 @@ def test_four_all_to_alls_each_way_send_what_calc_counts(n):
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_ulysses_block_equals_dense_block(n):
-    block = make_block()
-    x, grad = block_inputs()
-    x.requires_grad_()
-    y = block(x)
-    y.backward(grad)
-    for r, res in enumerate(results(n)):
-        mine = local_positions(S, n, r, "zigzag")
-        torch.testing.assert_close(res["block"]["y"], y.detach()[:, mine])
-        torch.testing.assert_close(res["block"]["x_grad"], x.grad[:, mine])
-        for name, p in block.named_parameters():
-            torch.testing.assert_close(res["block"]["grads"][name], p.grad, msg=name)
+    assert_block_equals_dense(CASE, results(n), "ulysses", "zigzag")
 
 
 def _bad_heads(rank, world_size):

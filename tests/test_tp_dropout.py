@@ -17,9 +17,9 @@ import functools
 
 import pytest
 import torch
+from gpt_blocks import Block
 
 import distlab
-from distlab.models import GPTBlock
 from distlab.parallel.tensor.layers import block_shard
 from distlab.parallel.tensor.rng import RNGTracker, block_with_masks, tensor_parallel_masks
 
@@ -32,19 +32,7 @@ RUNS = {
     "one seed, no tracker": (False, False, "same"),
     "seed per rank, no tracker": (False, False, "per rank"),
 }
-
-
-def make_block() -> GPTBlock:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return GPTBlock(HIDDEN, HEADS, dropout=P, max_seq_len=SEQ)
-
-
-def data():
-    gen = torch.Generator().manual_seed(3)
-    return torch.randn(BATCH, SEQ, HIDDEN, generator=gen), torch.randn(
-        BATCH, SEQ, HIDDEN, generator=gen
-    )
+BLOCK = Block(HIDDEN, HEADS, SEQ, BATCH, seed=0, data_seed=3, dropout=P)
 
 
 def _worker(rank, world_size):
@@ -57,13 +45,13 @@ def _worker(rank, world_size):
         comm = TensorParallelComm(algorithm="ring")
         rng = RNGTracker(SEED, comm.rank) if seeding == "tracker" else None
         layer = ParallelBlock(
-            make_block(),
+            BLOCK.make(),
             comm,
             sequence_parallel=sequence_parallel,
             recompute_attention=recompute,
             rng=rng,
         ).train()
-        x, grad = data()
+        x, grad = BLOCK.inputs()
         if sequence_parallel:
             x, grad = x.chunk(world_size, 1)[rank], grad.chunk(world_size, 1)[rank]
         x = x.clone().requires_grad_()
@@ -86,11 +74,11 @@ def results():
 
 
 def dense(tracker: bool, sequence_parallel: bool = False):
-    block = make_block()
+    block = BLOCK.make()
     masks = tensor_parallel_masks(
         block, BATCH, SEQ, tp=T, seed=SEED, tracker=tracker, sequence_parallel=sequence_parallel
     )
-    x, grad = data()
+    x, grad = BLOCK.inputs()
     x.requires_grad_()
     y = block_with_masks(block, x, masks)
     y.backward(grad)
