@@ -37,15 +37,10 @@ import nbformat
 
 from distlab.core.course import assignment_names, find_course_root, source_notebook
 from distlab.grading.cells import grade_id_of, graded_cells
-from distlab.grading.mutants import Kernel
+from distlab.grading.mutants import Kernel, check_cell, check_result
 from distlab.grading.record import DATA_ENV_VAR
 
 ROOT = find_course_root()
-CHECK = """import json as _json, time as _time, distlab as _distlab
-_started = _time.perf_counter()
-_result = _distlab.check({k}, notebook={path!r}, record=False)
-print("CHECK " + _json.dumps({{"points": _result.points, "test_s": _result.seconds,
-                              "wall_s": _time.perf_counter() - _started}}))"""
 
 
 def grade_exercise_s(work: Path, notebook: Path, k: int) -> tuple[float, float]:
@@ -59,15 +54,6 @@ def grade_exercise_s(work: Path, notebook: Path, k: int) -> tuple[float, float]:
     if done.returncode not in (0, 1):
         raise RuntimeError(f"exercise {k} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout)["points"], seconds
-
-
-def checked(outputs) -> dict:
-    for output in outputs:
-        if output.get("output_type") == "stream" and "CHECK {" in output.get("text", ""):
-            return json.loads(output["text"].split("CHECK ", 1)[1].splitlines()[0])
-        if output.get("output_type") == "error":
-            raise RuntimeError(f"the check raised {output['ename']}: {output['evalue']}")
-    raise RuntimeError(f"no check result in {outputs}")
 
 
 def measure(name: str) -> list[str]:
@@ -86,7 +72,7 @@ def measure(name: str) -> list[str]:
                 if cell.cell_type == "code":
                     kernel.run(cell.source)
             checks = [
-                checked(kernel.run(CHECK.format(k=k, path=str(notebook))))
+                check_result(kernel.run(check_cell(k, str(notebook))))
                 for k in range(1, len(tests) + 1)
             ]
     for k, (cell, (grade_points, grade_s), check) in enumerate(zip(tests, graded, checks), 1):

@@ -16,7 +16,6 @@ every check says what was wrong, and one exercise grades alone, as the whole not
 from __future__ import annotations
 
 import ast
-import json
 import os
 import shutil
 import subprocess
@@ -31,7 +30,15 @@ from distlab import grading
 from distlab.core.course import released_notebook, source_notebook
 from distlab.grading.cells import grade_id_of, is_graded
 from distlab.grading.exercise import choose_tests, grade_exercise
-from distlab.grading.mutants import CORRECT, check_notebook, load_module, mutant_source, plan
+from distlab.grading.mutants import (
+    CORRECT,
+    check_cell,
+    check_notebook,
+    check_result,
+    load_module,
+    mutant_source,
+    plan,
+)
 from distlab.grading.slicing import cell_names, needed_cells
 
 ROOT = grading.find_course_root()
@@ -83,14 +90,6 @@ CHECK_COMPARED = ("m00_launching", "m02_collectives", "m03_algorithms_and_cost",
                   "m13_sharded_matmuls_and_overlap")  # fmt: skip
 EVERY_NOTEBOOK = os.environ.get("DISTLAB_CHECK_EVERY_NOTEBOOK") == "1"
 
-#: The cell the mutation kernel runs after each variant of the compared exercise: the
-#: learner's ``distlab.check`` on what the kernel holds (not recorded: a test's check).
-CHECK_CELL = """import json as _json, distlab as _distlab
-_result = _distlab.check({test!r}, notebook={notebook!r}, record=False)
-print("CHECK " + _json.dumps({{"points": _result.points,
-                              "failure": _result.grade.exercises[0].failure}}))"""
-
-
 def _compared(mutants: Path) -> bool:
     return EVERY_NOTEBOOK or mutants.stem in CHECK_COMPARED
 
@@ -110,7 +109,8 @@ def _compared_exercise(module, source) -> str:
 def mutation_run(tmp_path_factory):
     """The mutation check of one notebook (:func:`check_notebook`), run once per test run
     and shared by the tests below; for a compared notebook the kernel also runs
-    :data:`CHECK_CELL` after each variant of :func:`_compared_exercise`."""
+    :func:`~distlab.grading.mutants.check_cell` (the learner's ``distlab.check``,
+    not recorded) after each variant of :func:`_compared_exercise`."""
     done: dict[Path, dict] = {}
 
     def run(mutants: Path) -> dict:
@@ -122,7 +122,7 @@ def mutation_run(tmp_path_factory):
                 solution_id = _compared_exercise(module, source)
                 the_plan = plan(source, solution_id)
                 test_id = grade_id_of(the_plan.cells[the_plan.tests[0]])
-                after[solution_id] = CHECK_CELL.format(test=test_id, notebook=module.ASSIGNMENT)
+                after[solution_id] = check_cell(test_id, module.ASSIGNMENT)
             cwd = str(tmp_path_factory.mktemp(mutants.stem))
             done[mutants] = check_notebook(ROOT, mutants, cwd, after)
         return done[mutants]
@@ -262,15 +262,6 @@ def test_grade_one_exercise_from_a_work_folder(tmp_path, which, points, code):
     assert "algbw and busbw" in done.stdout and "Ring" not in done.stdout
 
 
-def _checked(outputs) -> dict:
-    for output in outputs:
-        if output.get("output_type") == "stream" and "CHECK {" in output.get("text", ""):
-            return json.loads(output["text"].split("CHECK ", 1)[1].splitlines()[0])
-        if output.get("output_type") == "error":
-            raise AssertionError(f"the check raised: {output['ename']}: {output['evalue']}")
-    raise AssertionError(f"no check result in {outputs}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mutants", [p for p in MUTANT_FILES if _compared(p)], ids=lambda p: p.stem)
 def test_the_check_gives_the_points_distlab_grade_exercise_gives(mutants, mutation_run, tmp_path):
@@ -312,7 +303,7 @@ def test_the_check_gives_the_points_distlab_grade_exercise_gives(mutants, mutati
     verdicts = {v.variant: v for v in mutation_run(mutants)[solution_id]}
     checked = {}
     for what, _ in variants:
-        result = _checked(verdicts[what].after)
+        result = check_result(verdicts[what].after)
         checked[what] = (result["points"], result["failure"])
         most = float(the_plan.cells[the_plan.tests[0]].metadata["nbgrader"]["points"])
         lost = result["points"] < most

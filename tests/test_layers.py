@@ -11,7 +11,8 @@ The floors, ground first (the site page docs/inside.md, "What is inside", shows 
    algorithm registry that joins a schedule builder, its cost and its runner;
 3. ``distlab.calc``: calculators and the planner;
 4. ``distlab.placement``: clusters, placer, scheduler;
-5. ``distlab.parallel``: DDP, ZeRO, FSDP, TP/SP/CP, pipelines, MoE, 3D, checkpoints;
+5. ``distlab.parallel``: DDP, ZeRO, FSDP, TP/SP/CP, pipelines, MoE, 3D, checkpoints, in
+   families that stand on floors of their own (:data:`FAMILY_FLOORS`);
 6. ``distlab.viz``: figures;
 7. ``flashcards``;
 8. ``distlab.grading``;
@@ -287,6 +288,15 @@ def _print_map() -> None:
     for f in sorted(FLOORS):
         lines = sum(n for _, n in by_floor[f])
         print(f"floor {f}: {', '.join(FLOORS[f])}  ({len(by_floor[f])} modules, {lines} lines)")
+    by_family = defaultdict(list)
+    for name, path in modules().items():
+        if name.startswith("distlab.parallel"):
+            by_family[family(name)].append(len(path.read_text().splitlines()))
+    for f in sorted(FAMILY_FLOORS):
+        for name in FAMILY_FLOORS[f]:
+            sizes = by_family[name]
+            label = f"distlab.parallel.{name}" if name else "distlab.parallel (its face)"
+            print(f"  family floor {f}: {label}  ({len(sizes)} modules, {sum(sizes)} lines)")
     all_edges = edges()
     print(f"imports: {len(all_edges)}, inside functions: {sum(d for _, _, d, _ in all_edges)}")
 

@@ -30,6 +30,7 @@ table; ``tests/test_grading_mutants.py`` fails on a mutant that is not caught.
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -141,6 +142,32 @@ class Kernel:
         self.nb.cells.append(cell)
         self.client.execute_cell(cell, len(self.nb.cells) - 1)
         return cell.get("outputs", [])
+
+
+def check_cell(exercise: str | int, notebook: str) -> str:
+    """The source of a cell that runs the learner's ``distlab.check(exercise)`` in a
+    :class:`Kernel` (not recorded: a test's or a benchmark's check) and prints its result
+    as one line, ``CHECK {json}``, which :func:`check_result` reads back."""
+    return (
+        "import json as _json, time as _time, distlab as _distlab\n"
+        "_started = _time.perf_counter()\n"
+        f"_result = _distlab.check({exercise!r}, notebook={notebook!r}, record=False)\n"
+        'print("CHECK " + _json.dumps({"points": _result.points,\n'
+        '    "failure": _result.grade.exercises[0].failure, "test_s": _result.seconds,\n'
+        '    "wall_s": _time.perf_counter() - _started}))'
+    )
+
+
+def check_result(outputs) -> dict:
+    """What a :func:`check_cell` printed: ``points``, ``failure`` (None when it passed),
+    ``test_s`` (the test cell's seconds) and ``wall_s`` (the whole call's). Raises
+    ``RuntimeError`` when the cell raised or printed no result."""
+    for output in outputs:
+        if output.get("output_type") == "stream" and "CHECK {" in output.get("text", ""):
+            return json.loads(output["text"].split("CHECK ", 1)[1].splitlines()[0])
+        if output.get("output_type") == "error":
+            raise RuntimeError(f"the check raised {output['ename']}: {output['evalue']}")
+    raise RuntimeError(f"no check result in {outputs}")
 
 
 def run_variants(
