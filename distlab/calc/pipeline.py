@@ -62,8 +62,6 @@ for bounded sizes only (:func:`schedule_ops`).
 
 from __future__ import annotations
 
-import warnings
-
 from distlab.core.checks import choice, positive, positive_int
 from distlab.core.pipeline_schedule import (
     GENERATORS,
@@ -73,6 +71,7 @@ from distlab.core.pipeline_schedule import (
     build,
     check_v_shape,
 )
+from distlab.core.renamed import old_names
 from distlab.sim.pipeline_replay import Timeline, replay
 
 SCHEDULES = tuple(GENERATORS)  # gpipe, 1f1b, interleaved, zb_h1, zb_h2, zb_v, dualpipe_v, ...
@@ -277,13 +276,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # The old name, which learners' notebooks from older releases still import from here.
-    if name == "Schedule":
-        warnings.warn(
-            f"{__name__}.Schedule is now called PipelineSchedule: import that name",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return PipelineSchedule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, which notebooks from older releases still import from here
+__getattr__ = old_names(__name__, {"Schedule": PipelineSchedule})

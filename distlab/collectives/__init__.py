@@ -13,9 +13,8 @@ cost and its runner is :data:`distlab.sim.algorithms.REGISTRY`.
 
 from __future__ import annotations
 
-import warnings
-
 from distlab.core.collective_schedule import CollectiveSchedule, Transfer, chunk_bounds
+from distlab.core.renamed import old_names
 
 from .all_to_all import all_to_all, all_to_all_schedule
 from .halving_doubling import halving_doubling_all_reduce, halving_doubling_all_reduce_schedule
@@ -71,13 +70,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # The old name, which learners' notebooks from older releases still import from here.
-    if name == "Schedule":
-        warnings.warn(
-            f"{__name__}.Schedule is now called CollectiveSchedule: import that name",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return CollectiveSchedule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, which notebooks from older releases still import from here
+__getattr__ = old_names(__name__, {"Schedule": CollectiveSchedule})

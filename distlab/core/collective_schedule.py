@@ -28,12 +28,12 @@ Example: ring all-reduce on 3 ranks is 2 * (3 - 1) = 4 steps::
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .checks import positive_int
+from .renamed import old_names
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 
@@ -228,13 +228,5 @@ def _snapshot(state: list[list[Counter]]) -> list[list[Counter]]:
     return [[Counter(c) for c in row] for row in state]
 
 
-def __getattr__(name: str):
-    # The old name, which learners' notebooks from older releases still import from here.
-    if name == "Schedule":
-        warnings.warn(
-            f"{__name__}.Schedule is now called CollectiveSchedule: import that name",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return CollectiveSchedule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, which notebooks from older releases still import from here
+__getattr__ = old_names(__name__, {"Schedule": CollectiveSchedule})

@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from .checks import nonnegative_int, positive_int
+from .renamed import old_names
 
 #: The most pipeline stages (ranks) a schedule is built for; far beyond real pipelines
 #: (tens of stages), and small enough that a replay stays within seconds.
@@ -759,13 +759,5 @@ def with_communication(schedule: PipelineSchedule) -> PipelineSchedule:
     )
 
 
-def __getattr__(name: str):
-    # The old name, which learners' notebooks from older releases still import from here.
-    if name == "Schedule":
-        warnings.warn(
-            f"{__name__}.Schedule is now called PipelineSchedule: import that name",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return PipelineSchedule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, which notebooks from older releases still import from here
+__getattr__ = old_names(__name__, {"Schedule": PipelineSchedule})

@@ -7,7 +7,8 @@ each old path keeps working: importing it warns (a ``DeprecationWarning`` naming
 new path) and gives a module with the same objects as the new one. Old paths that are
 now a family's folder (``comm``, ``data``, ``zero``, ``context``, ``moe``,
 ``checkpoint``) need no entry: the family's ``__init__`` hands on the names the old
-module had.
+module had. Classes that were renamed keep their old names through
+:func:`distlab.core.renamed.old_names`.
 """
 
 from __future__ import annotations

@@ -26,8 +26,6 @@ is where it runs. Inside ``distlab.run(fn, world_size=p)``::
 
 from __future__ import annotations
 
-import warnings
-
 from distlab.core.pipeline_schedule import (
     Action,
     PipelineSchedule,
@@ -44,6 +42,7 @@ from distlab.core.pipeline_schedule import (
     zb_h2,
     zb_v,
 )
+from distlab.core.renamed import old_names
 from distlab.sim.pipeline_replay import ScheduleError, Timeline, check, replay
 
 from .executor import PipelineError, RankRun, measured_timeline, run_pipeline
@@ -89,13 +88,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # The old name, which learners' notebooks from older releases still import from here.
-    if name == "Schedule":
-        warnings.warn(
-            f"{__name__}.Schedule is now called PipelineSchedule: import that name",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return PipelineSchedule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, which notebooks from older releases still import from here
+__getattr__ = old_names(__name__, {"Schedule": PipelineSchedule})
