@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property, lru_cache
 
 from distlab.core.checks import divisors, fraction, positive, positive_int
-from distlab.core.layout import Layout
+from distlab.core.layout import Layout, check_layout
 from distlab.core.ranks import group_array
 from distlab.core.units import GB, format_seconds
 
@@ -313,8 +313,7 @@ def _context(spec: ModelSpec, cluster: ClusterSpec, a: PlannerAssumptions) -> _C
 def _planned(layout: Layout) -> Layout:
     """``layout``, if it is one the planner's formulas cover: tp, pp and dp (cp and ep are
     not estimated yet)."""
-    if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a distlab.core.layout.Layout, got {layout!r}")
+    layout = check_layout(layout)
     if layout.cp > 1 or layout.ep > 1:
         raise ValueError(
             f"the planner estimates tp, pp and dp only; {layout.label()} has cp={layout.cp}, "

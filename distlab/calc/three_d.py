@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from distlab.core.checks import divides, int_in
-from distlab.core.layout import Layout
+from distlab.core.layout import Layout, check_layout
 from distlab.core.ranks import group_array
 
 from ..sim.topology import ClusterSpec, group_link
@@ -70,20 +70,13 @@ def _pp_groups(layout: Layout) -> np.ndarray:
     return group_array(layout.world_size, "pp", order=layout.order, **degrees)
 
 
-def _a_layout(layout: object) -> Layout:
-    """``layout``, or a ``TypeError`` if it is not a :class:`~distlab.core.layout.Layout`."""
-    if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a distlab.core.layout.Layout, got {layout!r}")
-    return layout
-
-
 def check_three_d_layout(layout: object, who: str = "three_d_comm") -> Layout:
     """``layout`` if ``train_3d`` can run it, so that :func:`three_d_comm` can count it:
     tp, pp and dp with plain DP or ZeRO-1, any schedule and ``virtual_stages``, any
     ``order``. Else a ``TypeError`` (not a :class:`~distlab.core.layout.Layout`) or a
     ``ValueError`` naming the field ``train_3d`` has no setting for (``who`` names the
     caller in the message)."""
-    layout = _a_layout(layout)
+    layout = check_layout(layout)
     counted = f"{who} counts train_3d's TP x PP x DP run"
     for name in ("cp", "ep"):
         value = getattr(layout, name)
@@ -269,7 +262,7 @@ def layout_step_time(
     (:func:`check_three_d_layout`: ``train_3d`` has none of them). Any ``order`` (the
     groups and their links follow it), schedule and ``virtual_stages``.
     """
-    layout = _a_layout(layout)
+    layout = check_layout(layout)
     if layout.zero_stage:
         raise ValueError(
             f"layout_step_time compares plain DP: zero_stage={layout.zero_stage} is not "

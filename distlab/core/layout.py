@@ -262,3 +262,11 @@ class Layout:
         if self.recompute != "none":
             text += f" recompute={self.recompute}"
         return text
+
+
+def check_layout(value: object) -> Layout:
+    """``value`` if it is a :class:`Layout`, else a ``TypeError`` that shows what it got
+    (the calculators, the planner and the placer take a layout this way)."""
+    if not isinstance(value, Layout):
+        raise TypeError(f"layout must be a distlab.core.layout.Layout, got {value!r}")
+    return value

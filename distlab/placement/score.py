@@ -35,7 +35,7 @@ import numpy as np
 
 from distlab.calc import comm, moe
 from distlab.calc.volume import CommVolume
-from distlab.core.layout import Layout
+from distlab.core.layout import Layout, check_layout
 
 from .cluster import ROUTE_KINDS, edge_costs
 from .jobs import Workload
@@ -72,8 +72,7 @@ def dimension_volumes(layout: Layout, workload: Workload | None = None) -> dict[
     * DP: :func:`distlab.calc.comm.data_parallel_comm` over the ``dp x cp`` ranks
       that hold the same weights, with the layout's ZeRO stage.
     """
-    if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a distlab.core.layout.Layout, got {layout!r}")
+    layout = check_layout(layout)
     w = workload or Workload()
     layers = math.ceil(w.layers / layout.pp)
     tokens = math.ceil(w.seq_len / layout.cp)
