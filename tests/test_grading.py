@@ -228,8 +228,10 @@ def test_grade_a_partly_solved_notebook_with_an_edited_test(tmp_path, capsys):
     assert raisers["test-bytes-per-parameter"] is None
 
     # One exercise at a time (issue 24 §4): the points nbgrader gave it in the whole notebook
-    for number, whole in enumerate(result["exercises"], 1):
-        alone = grading.grade_exercise(path, number).exercises
+    numbers = range(1, len(result["exercises"]) + 1)
+    each = grading.grade_exercises([(path, number) for number in numbers])
+    for number, whole, graded in zip(numbers, result["exercises"], each, strict=True):
+        alone = graded.exercises
         assert [(e.grade_id, e.points, e.max_points) for e in alone] == [
             (whole["grade_id"], whole["points"], whole["max_points"])
         ], f"exercise {number} alone"
@@ -438,12 +440,14 @@ def test_the_exercise_child_never_loads_the_slow_modules_grading_skips(tmp_path)
     import subprocess
 
     from distlab.grading.exercise import child_command
+    from distlab.grading.kernel import RUN_NOTEBOOK, RUN_SCORES, RUN_WORK
     from distlab.grading.run import UNUSED_SLOW_MODULES, nbgrader_env
 
     run = nbformat.v4.new_notebook(cells=[_graded_cell("assert 1 + 1 == 2", [])])
-    given, done, points = tmp_path / "in.ipynb", tmp_path / "out.ipynb", tmp_path / "s.json"
-    nbformat.write(run, given)
-    python, flag, module, *args = child_command(given, done, points, 300)
+    (tmp_path / RUN_WORK).mkdir()
+    nbformat.write(run, tmp_path / RUN_NOTEBOOK)
+    points = tmp_path / RUN_SCORES
+    python, flag, module, *args = child_command([tmp_path], 300)
     assert flag == "-m", "the child runs as a module of distlab.grading"
     probe = (  # run the child as -m would, then list the slow modules it really loaded
         "import json, runpy, sys\n"

@@ -29,7 +29,7 @@ import pytest
 from distlab import grading
 from distlab.core.course import released_notebook, source_notebook
 from distlab.grading.cells import grade_id_of, is_graded
-from distlab.grading.exercise import choose_tests, grade_exercise
+from distlab.grading.exercise import choose_tests, grade_exercises
 from distlab.grading.mutants import (
     CORRECT,
     check_cell,
@@ -89,6 +89,7 @@ NOT_COMPARED = {
 CHECK_COMPARED = ("m00_launching", "m02_collectives", "m03_algorithms_and_cost",
                   "m13_sharded_matmuls_and_overlap")  # fmt: skip
 EVERY_NOTEBOOK = os.environ.get("DISTLAB_CHECK_EVERY_NOTEBOOK") == "1"
+
 
 def _compared(mutants: Path) -> bool:
     return EVERY_NOTEBOOK or mutants.stem in CHECK_COMPARED
@@ -284,21 +285,26 @@ def test_the_check_gives_the_points_distlab_grade_exercise_gives(mutants, mutati
         (what, mutant_source(solution, change)) for what, change in module.MUTANTS[solution_id]
     ]
     solved = {grade_id_of(c): c.source for c in source.cells if grade_id_of(c) and not is_graded(c)}
-    work = tmp_path / "work"
-    shutil.copytree(released_path.parent, work, ignore=shutil.ignore_patterns("*.ipynb"))
-    learner = work / f"{name}.ipynb"
 
-    graded = {}
-    for what, variant in variants:  # distlab grade --exercise, on the learner's file
+    learners = []  # distlab grade --exercise, on the learner's file with each variant
+    for index, (_, variant) in enumerate(variants):
         nb = nbformat.read(released_path, as_version=4)
         for cell in nb.cells:
             if grade_id_of(cell) in solved and cell.metadata["nbgrader"].get("solution"):
                 cell.source = (
                     variant if grade_id_of(cell) == solution_id else solved[grade_id_of(cell)]
                 )
+        work = tmp_path / f"work-{index}"  # a copy of the learner's folder per variant
+        shutil.copytree(released_path.parent, work, ignore=shutil.ignore_patterns("*.ipynb"))
+        learner = work / f"{name}.ipynb"
         nbformat.write(nb, learner)
-        exercise = grade_exercise(learner, test_id).exercises[0]
-        graded[what] = (exercise.points, exercise.failure)
+        learners.append(learner)
+    # each in a fresh kernel, as ``distlab grade --exercise`` runs it (one child drives them)
+    grades = grade_exercises([(learner, test_id) for learner in learners])
+    graded = {
+        what: (grade.exercises[0].points, grade.exercises[0].failure)
+        for (what, _), grade in zip(variants, grades, strict=True)
+    }
 
     verdicts = {v.variant: v for v in mutation_run(mutants)[solution_id]}
     checked = {}

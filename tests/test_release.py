@@ -286,15 +286,14 @@ def test_the_copy_that_scored_zero_grades_and_upgrades(tmp_path, capsys):
     its points and names what changed; exercise 3, whose rules changed (the library's bubble
     formula is now withheld), loses them and is named; after the upgrade, exercise 1 grades
     as a current copy."""
-    from distlab.grading.exercise import grade_exercise
+    from distlab.grading.exercise import grade_exercise, grade_exercises
 
     path = tmp_path / "08-pipeline-parallelism.ipynb"
     shutil.copy(FIXTURES["08-pipeline-parallelism"], path)
-    first = grade_exercise(path, 1)
+    first, third = grade_exercises([(path, 1), (path, 3)])
     assert first.points == first.max_points == 3, first.exercises[0].failure
     (line,) = [note for note in first.release if note.startswith("  1F1B schedule as data: ")]
     assert "-> PipelineSched" in line and "its test changed" in line  # the stub's type was renamed
-    third = grade_exercise(path, 3)
     assert third.points == 0 and "NameError" not in (third.exercises[0].failure or "")
     assert "  Micro-batches for a 10 % bubble: its test changed" in "\n".join(third.release)
     assert cli.main(["course", "upgrade", str(path)]) == 0

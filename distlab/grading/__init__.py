@@ -48,7 +48,7 @@ from distlab.core.course import (
 )
 from distlab.grading.cells import raised_in
 from distlab.grading.command import TIMEOUT_ENV_VAR, register
-from distlab.grading.exercise import grade_exercise
+from distlab.grading.exercise import grade_exercise, grade_exercises
 from distlab.grading.report import ExerciseScore, NotebookGrade, format_report
 from distlab.grading.resolve import Resolved, find_notebook, identify, resolve_notebook
 from distlab.grading.whole import (
@@ -76,6 +76,7 @@ __all__ = [
     "find_notebook",
     "format_report",
     "grade_exercise",
+    "grade_exercises",
     "grade_notebook",
     "identify",
     "prepare_course",

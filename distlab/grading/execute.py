@@ -2,9 +2,9 @@
 
 :func:`distlab.grading.whole.prepare_course` puts :class:`GuardedExecute` in place of
 nbgrader's ``Execute`` in the course directory's config, and ``distlab grade --exercise``
-runs its cut-down notebook with ``python -m distlab.grading.execute IN OUT --scores FILE``
-(:func:`main`; it scores the test cells there too, with nbgrader's ``determine_grade``, so
-the ``distlab grade`` process needs no nbgrader of its own), so the learner's ``distlab
+runs its cut-down notebooks through :func:`execute_file` (in :mod:`distlab.grading.kernel`'s
+child; it scores the test cells there too, with nbgrader's ``determine_grade``, so the
+``distlab grade`` process needs no nbgrader of its own), so the learner's ``distlab
 grade``, one exercise and the course's tests run notebooks the same way. Two ways out
 change:
 
@@ -143,23 +143,22 @@ def scores(nb) -> dict[str, float]:
     return {grade_id: float(p or 0) for grade_id, p in points.items()}
 
 
-def main(argv: list[str] | None = None, kernel=None) -> None:
-    """``python -m distlab.grading.execute IN OUT [--timeout S] [--scores FILE]``: execute
-    the notebook IN as nbgrader would (errors kept, timeouts and kernel deaths reported per
-    cell), in the current folder, and write it to OUT; with ``--scores``, write the points
-    of its test cells (:func:`scores`) to FILE as JSON.
+def execute_file(
+    given: str | os.PathLike,
+    done: str | os.PathLike,
+    scores_file: str | os.PathLike | None = None,
+    timeout: int | None = None,
+    kernel=None,
+) -> None:
+    """Execute the notebook ``given`` as nbgrader would (errors kept, timeouts and kernel
+    deaths reported per cell), in the current folder, and write it to ``done``; with
+    ``scores_file``, write the points of its test cells (:func:`scores`) there as JSON.
 
-    ``kernel``: a :class:`distlab.grading.kernel.EarlyKernel` started for IN in this folder,
-    to run the notebook in (it is shut down afterwards); default a kernel of its own."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("given")
-    parser.add_argument("done")
-    parser.add_argument("--timeout", type=int, default=None)
-    parser.add_argument("--scores", default=None)
-    args = parser.parse_args(argv)
-    nb = nbformat.read(args.given, as_version=4)
+    ``kernel``: a :class:`distlab.grading.kernel.EarlyKernel` started for ``given`` in this
+    folder, to run the notebook in (it is shut down afterwards); default a kernel of its own."""
+    nb = nbformat.read(given, as_version=4)
     executor = GuardedExecute(
-        timeout=args.timeout or course_timeout(), interrupt_on_timeout=True, allow_errors=True
+        timeout=timeout or course_timeout(), interrupt_on_timeout=True, allow_errors=True
     )
     if kernel is None:
         executor.preprocess(nb, {"metadata": {"path": os.getcwd()}})
@@ -172,9 +171,21 @@ def main(argv: list[str] | None = None, kernel=None) -> None:
             if executor.kc is not None and not executor.owns_km:
                 executor.kc.stop_channels()
             kernel.shut_down()
-    nbformat.write(nb, args.done)
-    if args.scores:
-        Path(args.scores).write_text(json.dumps(scores(nb)), encoding="utf-8")
+    nbformat.write(nb, done)
+    if scores_file:
+        Path(scores_file).write_text(json.dumps(scores(nb)), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None, kernel=None) -> None:
+    """``python -m distlab.grading.execute IN OUT [--timeout S] [--scores FILE]``:
+    :func:`execute_file` (``kernel``: see there)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("given")
+    parser.add_argument("done")
+    parser.add_argument("--timeout", type=int, default=None)
+    parser.add_argument("--scores", default=None)
+    args = parser.parse_args(argv)
+    execute_file(args.given, args.done, args.scores, args.timeout, kernel)
 
 
 if __name__ == "__main__":

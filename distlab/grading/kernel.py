@@ -31,9 +31,10 @@ ends it with everything else.
 Every kernel the grader starts (here, in the Execute step and in the mutation check) talks
 to its client over Unix sockets of its own (:mod:`distlab.grading.sockets`), not TCP ports.
 
-The child itself is ``python -m distlab.grading.kernel IN OUT --scores FILE [--timeout S]``
-(:func:`main`). Running it as a module of :mod:`distlab.grading` matters: the package loads
-first and keeps the slow modules no grading process uses out of this one
+The child itself is ``python -m distlab.grading.kernel RUN [RUN ...] [--timeout S]``
+(:func:`main`): one run folder per exercise to grade, each in a fresh kernel of its own.
+Running it as a module of :mod:`distlab.grading` matters: the package loads first and keeps
+the slow modules no grading process uses out of this one
 (:data:`distlab.grading.run.UNUSED_SLOW_MODULES`). A child that imported ``nbformat`` before
 ``distlab.grading`` paid about 2.5 s more on every exercise.
 """
@@ -43,6 +44,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from distlab.grading.cells import is_graded
 from distlab.grading.slicing import leading_imports
@@ -113,17 +115,36 @@ def start_kernel(nb, folder: str) -> EarlyKernel:
     return EarlyKernel(starter.km, client)
 
 
+#: What a run folder of the child holds: the cut-down notebook (written by the caller), the
+#: folder it runs in (copies of the files beside the learner's notebook), and what the
+#: child writes back: the executed notebook and its test cells' points.
+RUN_NOTEBOOK, RUN_WORK = "exercise.ipynb", "work"
+RUN_EXECUTED, RUN_SCORES = "executed.ipynb", "scores.json"
+
+
 def main(argv: list[str]) -> None:
-    """The exercise runner's child: start the kernel of the notebook ``argv[0]`` in the
-    current folder with its early imports, then load nbgrader and execute the notebook
-    there as nbgrader would (:func:`distlab.grading.execute.main`, same arguments)."""
+    """The exercise runner's child, ``python -m distlab.grading.kernel RUN [RUN ...]
+    [--timeout S]``: for each run folder in turn (see :data:`RUN_NOTEBOOK`), start a fresh
+    kernel for its notebook in its ``work`` folder, with the early imports, and execute the
+    notebook there as nbgrader would (:func:`distlab.grading.execute.execute_file`). nbgrader
+    loads once, while the first kernel starts; every run has a kernel of its own, so a
+    run sees nothing of the one before it."""
+    import argparse
+
     import nbformat
 
-    kernel = start_kernel(nbformat.read(argv[0], as_version=4), os.getcwd())
-
-    from distlab.grading.execute import main as execute
-
-    execute(argv, kernel)
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--timeout", type=int, default=None)
+    args = parser.parse_args(argv)
+    execute_file = None
+    for run in args.runs:
+        work = run / RUN_WORK
+        os.chdir(work)  # the Execute step runs the notebook in the current folder
+        kernel = start_kernel(nbformat.read(run / RUN_NOTEBOOK, as_version=4), str(work))
+        if execute_file is None:
+            from distlab.grading.execute import execute_file
+        execute_file(run / RUN_NOTEBOOK, run / RUN_EXECUTED, run / RUN_SCORES, args.timeout, kernel)
 
 
 if __name__ == "__main__":
