@@ -16,7 +16,7 @@ Prints the nccl-tests-style tables of `distlab bench`, then, measured in this ru
 
 import argparse
 
-from distlab.commands.bench import ALGORITHMS, print_table, run_bench
+from distlab.commands.bench import ALGORITHMS, BOTH, print_table, run_bench
 from distlab.core.units import format_size
 
 SIZES = (4096, 1 << 16, 1 << 20, 16 << 20, 64 << 20)
@@ -38,18 +38,20 @@ def main() -> None:
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.check]
     named = algorithms or sorted({a for c in collectives for a in ALGORITHMS[c]})
     records = []
-    for check in modes:
-        chosen = named if check else [a for a in named if a != "builtin"]  # it has no header
-        for record in run_bench(
-            world_sizes=world_sizes, collectives=collectives, algorithms=chosen,
-            sizes=SIZES, check=check,
-        ):  # fmt: skip
-            record["check"] = check
-            records.append(record)
-    print_table([r for r in records if r["check"]])
+    check = {"on": True, "off": False, "both": BOTH}[args.check]
+    for record in run_bench(
+        world_sizes=world_sizes, collectives=collectives, algorithms=named, sizes=SIZES,
+        check=check,
+    ):  # fmt: skip
+        if record["algorithm"] == "builtin":  # it has no header: the same record serves both
+            records += [{**record, "check": True}, {**record, "check": False}]
+        else:
+            records.append({"check": check, **record})  # BOTH's records carry their own
+    if True in modes:
+        print_table([r for r in records if r["check"]])
     if False in modes:
         print("\nWithout the agreement header (built-in rows: the same run's):")
-        print_table([r for r in records if not r["check"] or r["algorithm"] == "builtin"])
+        print_table([r for r in records if not r["check"]])
     print_ratios(records, collectives, world_sizes, modes)
 
 

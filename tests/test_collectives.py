@@ -340,3 +340,21 @@ def test_unchecked_skips_the_header_exchange_and_only_there():
         assert total == [3.0] * 10
         assert refused and "cannot run unchecked" in refused, refused
         assert checked == "the header exchange ran", checked
+
+
+def test_bench_times_with_and_without_the_header_in_the_same_run():
+    """``run_bench(check="both")`` (benchmarks/collectives_busbw.py --check both): for each
+    size, one record with the header and one without, timed in alternating blocks of the same
+    job (the unchecked block really skips the exchange: see above); a built-in, which has no
+    header, is timed once."""
+    from distlab.commands.bench import BOTH, run_bench
+
+    records = run_bench(
+        world_sizes=(2,), algorithms=["builtin", "ring"], sizes=[4096, 1 << 16], iters=5,
+        check=BOTH,
+    )  # fmt: skip
+    ring = sorted((r["bytes"], r["check"]) for r in records if r["algorithm"] == "ring")
+    assert ring == [(4096, False), (4096, True), (1 << 16, False), (1 << 16, True)]
+    builtin = [r for r in records if r["algorithm"] == "builtin"]
+    assert [r["bytes"] for r in builtin] == [4096, 1 << 16] and "check" not in builtin[0]
+    assert all(r["time_s"] > 0 for r in records)

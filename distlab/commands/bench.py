@@ -138,7 +138,8 @@ def _bench_worker(
     """Runs on every rank: one (collective, algorithm) at every size; rank 0's records count.
 
     ``check=False`` times distlab's collectives without their agreement header
-    (:func:`distlab.collectives.agree.unchecked`), to show what the header costs."""
+    (:func:`distlab.collectives.agree.unchecked`), to show what the header costs;
+    ``check=BOTH`` times them both ways (:func:`_time_with_and_without_header`)."""
     import contextlib
 
     import torch
@@ -154,15 +155,20 @@ def _bench_worker(
             torch.cuda.synchronize()
         dist.barrier()
 
+    both = check == BOTH and algorithm != "builtin"  # a built-in has no header to leave out
     records = []
     for size in sizes:
         count, op = _make_op(collective, algorithm, size, world_size, dtype, device, ranks_per_node)
-        with contextlib.nullcontext() if check else unchecked():
-            seconds = _time_op(op, iters or _iterations(size), sync)
-        slowest = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        records.append(
-            _record(
+        repeat = iters or _iterations(size)
+        if both:
+            times = dict(zip((True, False), _time_with_and_without_header(op, repeat, sync)))
+        else:
+            with contextlib.nullcontext() if check in (True, BOTH) else unchecked():
+                times = {check: _time_op(op, repeat, sync)}
+        for checked, seconds in times.items():
+            slowest = torch.tensor([seconds], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            record = _record(
                 collective,
                 algorithm,
                 world_size,
@@ -172,8 +178,30 @@ def _bench_worker(
                 count,
                 slowest.item(),
             )
-        )
+            if both:
+                record["check"] = checked
+            records.append(record)
     return records
+
+
+#: ``check=BOTH``: time distlab's algorithms with and without the agreement header
+BOTH = "both"
+
+
+def _time_with_and_without_header(op, repeat: int, sync, blocks: int = 5) -> tuple[float, float]:
+    """Seconds per call with the agreement header and without it (``unchecked``), timed in
+    ``blocks`` alternating blocks in the same processes, so that a change in the machine's
+    load during the run shifts both alike (timed one after the other, the two differed by
+    more than the header costs)."""
+    from distlab.collectives.agree import unchecked
+
+    per_block = max(1, repeat // blocks)
+    on = off = 0.0
+    for _ in range(blocks):
+        on += _time_op(op, per_block, sync)
+        with unchecked():
+            off += _time_op(op, per_block, sync)
+    return on / blocks, off / blocks
 
 
 def _record(collective, algorithm, n, backend, dtype_name, nbytes, count, seconds) -> dict:
@@ -231,7 +259,9 @@ def run_bench(
     """Benchmark and return records (dicts with the :class:`BenchRecord` fields).
 
     ``check=False`` runs distlab's algorithms without the agreement header that every
-    collective exchanges first (for measuring its cost; built-ins have none).
+    collective exchanges first (for measuring its cost; built-ins have none);
+    ``check="both"`` times each size both ways, in alternating blocks in the same processes,
+    and gives two records per size, each with a ``check`` key (True: with the header).
 
     ``ranks_per_node`` is the node size the hierarchical all-reduces assume (ranks
     ``0..k-1`` form node 0, ...). ``progress=True`` shows a rich progress bar on stderr,
