@@ -35,10 +35,10 @@ def main() -> None:
     collectives = list(ALGORITHMS) if args.all else ["all_reduce"]
     algorithms = [a for a in args.algorithms.split(",") if a]
     world_sizes = tuple(int(n) for n in args.world_sizes.split(","))
-    modes = {"on": [True], "off": [False], "both": [True, False]}[args.check]
+    check = {"on": True, "off": False, "both": BOTH}[args.check]
+    modes = [True, False] if check == BOTH else [check]
     named = algorithms or sorted({a for c in collectives for a in ALGORITHMS[c]})
     records = []
-    check = {"on": True, "off": False, "both": BOTH}[args.check]
     for record in run_bench(
         world_sizes=world_sizes, collectives=collectives, algorithms=named, sizes=SIZES,
         check=check,

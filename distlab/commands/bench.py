@@ -160,12 +160,12 @@ def _bench_worker(
     for size in sizes:
         count, op = _make_op(collective, algorithm, size, world_size, dtype, device, ranks_per_node)
         repeat = iters or _iterations(size)
-        if both:
-            times = dict(zip((True, False), _time_with_and_without_header(op, repeat, sync)))
+        if both:  # (with the header?, seconds per call): a record each
+            timed = zip((True, False), _time_with_and_without_header(op, repeat, sync))
         else:
             with contextlib.nullcontext() if check in (True, BOTH) else unchecked():
-                times = {check: _time_op(op, repeat, sync)}
-        for checked, seconds in times.items():
+                timed = [(None, _time_op(op, repeat, sync))]
+        for checked, seconds in timed:
             slowest = torch.tensor([seconds], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             record = _record(
@@ -178,7 +178,7 @@ def _bench_worker(
                 count,
                 slowest.item(),
             )
-            if both:
+            if checked is not None:
                 record["check"] = checked
             records.append(record)
     return records

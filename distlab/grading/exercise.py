@@ -48,9 +48,10 @@ from distlab.grading.upgrade import release_notes, to_grade
 if TYPE_CHECKING:
     from nbformat import NotebookNode
 
-#: The child that runs the cut-down notebook, ``python -m CHILD IN OUT --scores FILE
-#: [--timeout S]``: it starts the notebook's kernel and its early imports first, then loads
-#: nbgrader and executes the notebook as nbgrader would, in that kernel (see its ``main``).
+#: The child that runs the cut-down notebooks, ``python -m CHILD RUN [RUN ...] [--timeout S]``
+#: (a folder per exercise, see :data:`~distlab.grading.kernel.RUN_NOTEBOOK`): it starts the
+#: first notebook's kernel and its early imports, loads nbgrader meanwhile, and executes each
+#: notebook as nbgrader would, each in a fresh kernel of its own (see its ``main``).
 CHILD = "distlab.grading.kernel"
 
 
