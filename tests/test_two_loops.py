@@ -24,11 +24,16 @@ METHOD = {0: "bucketed_ddp", 1: "zero1", 2: "zero2"}
 #: Each rank sees the same sequences in both loops, but the loss and the gradient average
 #: are summed in another order (the pipeline executor's loss, DDP's buckets against
 #: ZeRO's flat groups), so the parameters agree to fp32 rounding, not bit for bit (SGD:
-#: measured 3.7e-9 at most). Adam's first steps move each element by about lr * g / |g|,
-#: so an element whose gradient is near Adam's eps (1e-8) turns that rounding into up to
-#: a few 1e-4 of one step's lr (measured 1.2e-5 with lr 0.05): the bound is 1e-3 lr,
-#: against 1e-2 lr * steps for a loop whose lr were 1 % off.
-TOLERANCE = {"sgd": {"rtol": 1e-5, "atol": 1e-7}, "adam": {"rtol": 0, "atol": 1e-3 * LR}}
+#: measured 3.7e-9 at most, compared element by element). Adam's first steps move each
+#: element by about lr * g / |g|, so an element whose gradient is near Adam's eps (1e-8)
+#: turns that rounding into a share of one step that depends on the CPU's kernels: the
+#: largest element measured 2.4e-4 lr on one machine and 1.2e-3 lr on another. Adam is
+#: therefore compared tensor by tensor, by the size of the difference between the two
+#: loops' updates against the size of the update: measured 1.0e-4 at most (ln_f.bias; the
+#: embedding 1.2e-5), bounded by 1e-3, while a loop whose lr were 1 % off gives 1e-2 and
+#: one element of a 32-element bias a whole step off about 0.2.
+SGD_TOLERANCE = {"rtol": 1e-5, "atol": 1e-7}
+ADAM_UPDATE_TOLERANCE = 1e-3
 
 
 def _both_loops(rank, world_size, zero_stage, optimizer):
@@ -80,4 +85,12 @@ def test_compose_train_and_train_step_take_the_same_steps(zero_stage, optimizer)
                 # noise into steps of about lr in either direction: no loop agrees there
                 assert (composed[name] - initial[name]).abs().max() <= STEPS * LR * 1.01
                 continue
-            torch.testing.assert_close(composed[name], plain[name], **TOLERANCE[optimizer])
+            if optimizer == "sgd":
+                torch.testing.assert_close(composed[name], plain[name], **SGD_TOLERANCE)
+                continue
+            update = plain[name] - initial[name]
+            off = (composed[name] - plain[name]).norm() / update.norm()
+            assert off <= ADAM_UPDATE_TOLERANCE, (
+                f"{name}: the loops' updates differ by {off:.2e} of the update's size "
+                f"(bound {ADAM_UPDATE_TOLERANCE:g})"
+            )
