@@ -28,6 +28,12 @@ from distlab.sim.topology import preset
 SPEC = gpt_spec(vocab=62, seq_len=8, hidden=32, heads=4, layers=4)
 NVLINK, IB = "NVLink4 (H100, via NVSwitch)", "InfiniBand NDR 400 Gb/s"
 
+# Since compose.train all-reduces a step's gradients as one flat buffer (not one tensor at
+# a time), the "dp" entries with zero_stage=0 differ from the old helper's in the number of
+# messages only, never in bytes: 1 part, not 7 per size (the second stage's other part is
+# the tied embedding's), 12 all-reduces in the job, not 280 (8 ranks' gradients and 4 loss
+# averages), and in OLD_STEP_TIMES each dp time fell by exactly the dropped messages' alpha
+# (7B on DP8: 290 fewer all-reduces x 2 (p - 1) = 14 messages x 2 us = 8.12 ms).
 # The old helper's results: three_d_comm(SPEC, tp=, pp=, dp=, micro_batch=, micro_batches=,
 # stage=, bytes_per_element=, zero_stage=, chunks=, layer_buffers=) per stage, as
 # {group: (total bytes, parts)}; the layout holds what were tp, pp, dp, micro_batch,
@@ -37,8 +43,8 @@ OLD_COMM = [
         Layout(tp=2, pp=2, dp=2, micro_batch=2, micro_batches=2),
         {"bytes_per_element": 4},
         [
-            {"tp": (36864, 3), "pp": (4096, 1), "embedding": (3968, 1), "dp": (56576, 7)},
-            {"tp": (37120, 5), "pp": (4096, 1), "embedding": (3968, 1), "dp": (55816, 7)},
+            {"tp": (36864, 3), "pp": (4096, 1), "embedding": (3968, 1), "dp": (56576, 1)},
+            {"tp": (37120, 5), "pp": (4096, 1), "embedding": (3968, 1), "dp": (55816, 2)},
         ],
     ),
     (
@@ -65,7 +71,7 @@ OLD_COMM = [
 # above, {(group, collective): (calls, payload bytes, wire bytes)}.
 OLD_TOTALS = [
     {
-        ("dp", "all_reduce"): (280, 449568, 449568),
+        ("dp", "all_reduce"): (12, 449568, 449568),
         ("embedding", "recv"): (8, 31744, 0),
         ("embedding", "send"): (8, 31744, 31744),
         ("pp", "recv"): (16, 32768, 0),
@@ -95,7 +101,7 @@ FP32 = PlannerAssumptions(recipe="fp32_adam")
 OLD_STEP_TIMES = [
     (
         "7B", 1, Layout(tp=2, pp=2, dp=2, micro_batch=1, micro_batches=8), None,
-        (0.04090259285333333, 0.0006125232355555555, 0.008075433404444443, 0.0),
+        (0.04090259285333333, 0.0006125232355555555, 0.007495433404444444, 0.0),
         (NVLINK, NVLINK, NVLINK, NVLINK), False, 0.9270232910778743,
     ),
     (
@@ -105,17 +111,17 @@ OLD_STEP_TIMES = [
     ),
     (
         "7B", 1, Layout(dp=8), None,
-        (0.0, 0.0, 0.06058589926666666, 0.0),
+        (0.0, 0.0, 0.052465899266666664, 0.0),
         ("-", "-", NVLINK, "-"), False, 0.44067585524251207,
     ),
     (
         "7B", 2, Layout(tp=2, pp=4, dp=2, micro_batch=1, micro_batches=8), None,
-        (0.020789849315555557, 0.01081741824, 0.004189361368888889, 0.0),
+        (0.020789849315555557, 0.01081741824, 0.0038973613688888893, 0.0),
         (NVLINK, IB, NVLINK, IB), True, 0.5727437511451208,
     ),
     (
         "tiny", 1, Layout(tp=2, pp=2, dp=2, micro_batch=2, micro_batches=2), FP32,
-        (5.2046079999999995e-05, 4.009102222222222e-06, 7.20684088888889e-05,
+        (5.2046079999999995e-05, 4.009102222222222e-06, 4.068408888888889e-06,
          2.0088177777777776e-06),
         (NVLINK, NVLINK, NVLINK, NVLINK), True, 6.409989956364453e-05,
     ),

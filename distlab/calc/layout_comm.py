@@ -40,9 +40,9 @@ layers split into dense and MoE ones (:func:`rank_modules`):
   header before each (:data:`PIPELINE_HEADER_BYTES`);
 * **tied embedding** (``"embedding"``): with pp > 1 the first and last stages send each
   other their ``ceil(V/tp) x h`` part of the embedding's gradient once per step;
-* **data** (the dp-cp group): ``zero_stage=0`` one all-reduce per dense parameter tensor
-  (:func:`per_tensor_all_reduces`) and one per expert tensor over ``"expert_dp"``
-  (:func:`~distlab.parallel.moe.layer.average_moe_gradients`); ZeRO-1 a reduce-scatter and an
+* **data** (the dp-cp group): ``zero_stage=0`` one all-reduce of the dense gradients as
+  one flat buffer (:func:`flat_all_reduce`) and one of the expert gradients over
+  ``"expert_dp"`` (:func:`~distlab.parallel.moe.layer.average_moe_gradients`); ZeRO-1 a reduce-scatter and an
   all-gather per flat group (:func:`zero_flat_group_parts`); ZeRO-2 the reduce-scatter
   after every backward pass (m v per step) and one all-gather; FSDP
   (:func:`fsdp_unit_parts`) two all-gathers and a reduce-scatter per unit (one per
@@ -404,14 +404,15 @@ def tied_parts(spec: ModelSpec, layout: Layout, stage: int, *, bytes_per_element
     )
 
 
-def per_tensor_all_reduces(tensors, *, group: int, bytes_per_element: int) -> tuple:
-    """One :func:`~distlab.calc.comm.data_parallel_comm` all-reduce per gradient tensor
-    (no buckets), one part per tensor size."""
-    parts: tuple = ()
-    for size, n in sorted(Counter(tensors).items()):
-        (grads,) = data_parallel_comm(size, dp=group, bytes_per_grad=bytes_per_element).parts
-        parts += (replace(grads, what=f"gradient all-reduce, {size}-element tensors", count=n),)
-    return parts
+def flat_all_reduce(tensors, *, group: int, bytes_per_element: int) -> tuple:
+    """One :func:`~distlab.calc.comm.data_parallel_comm` all-reduce of all the gradient
+    ``tensors`` (element counts) as one flat buffer, as
+    :func:`~distlab.parallel.moe.layer.average_moe_gradients` sends them; none for none."""
+    if not tensors:
+        return ()
+    size = sum(tensors)
+    (grads,) = data_parallel_comm(size, dp=group, bytes_per_grad=bytes_per_element).parts
+    return (replace(grads, what=f"gradient all-reduce, one {size}-element flat buffer"),)
 
 
 def zero_flat_group_parts(tensors, *, group: int, zero_stage: int, backward_passes: int,
@@ -473,8 +474,8 @@ def data_parts(modules, layout: Layout, *, bytes_per_element: int = 4) -> tuple[
     if group == 1:
         return (), ()
     if zero == 0:
-        expert = per_tensor_all_reduces(experts, group=expert_group, bytes_per_element=bpe)
-        dense_parts = per_tensor_all_reduces(dense, group=group, bytes_per_element=bpe)
+        expert = flat_all_reduce(experts, group=expert_group, bytes_per_element=bpe)
+        dense_parts = flat_all_reduce(dense, group=group, bytes_per_element=bpe)
         return dense_parts, expert if expert_group > 1 else ()
     m, v = layout.micro_batches, layout.virtual_stages
     if zero == 3:

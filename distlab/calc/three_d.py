@@ -131,7 +131,8 @@ def three_d_comm(
       2021, Section 2.2.2);
     * ``"embedding"``: with tied embeddings and pp > 1, the first and last stages
       swap their ``ceil(V/tp) x h`` parts of the embedding's gradient;
-    * ``"dp"``: ``zero_stage=0`` one all-reduce per parameter tensor; ``zero_stage=1``
+    * ``"dp"``: ``zero_stage=0`` one all-reduce of all the gradients as one flat buffer
+      (:func:`~distlab.parallel.moe.layer.average_moe_gradients`); ``zero_stage=1``
       a reduce-scatter and an all-gather per padded flat group
       (:func:`~distlab.calc.buckets.zero_flat_groups`; Rajbhandari et al. 2020,
       Section 7.2.1). Outside the step: with ZeRO-1, **once per run**, the broadcast
@@ -254,8 +255,8 @@ def layout_step_time(
     whole steps, not one micro-batch, and do not overlap anything: compare them with
     the planner's ``tp_comm_s``, ``pp_comm_s`` and ``dp_comm_s``. The planner uses one
     gradient all-reduce (one bucket) and Megatron's 1/tp pipeline sends;
-    ``three_d_comm`` counts distlab's run: one all-reduce per tensor (more alpha terms)
-    and whole activations per tp rank.
+    ``three_d_comm`` counts distlab's run: one all-reduce of the gradients as one flat
+    buffer, as the planner's, and whole activations per tp rank.
 
     Both sides must model ``layout``: a ``ValueError`` names ``zero_stage`` (ZeRO off
     only: ZeRO-1's once-per-run broadcast is not a step's), cp, ep or ``recompute``

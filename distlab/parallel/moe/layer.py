@@ -304,26 +304,34 @@ def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") ->
     contributions of the tokens of every rank in its ``"ep"`` group (they
     came back through the all-to-all), so it is **summed** over the
     ``"expert_dp"`` group and divided by ``dp * cp`` (not by the expert-dp size).
+
+    Each group's gradients travel as **one** flat buffer (one per dtype), all-reduced
+    once: a collective per tensor would pay its latency once per tensor, which is why
+    DDP buckets them (Li et al. 2020, Section 3.2.2; :mod:`distlab.parallel.comm.buckets`).
+    Here every gradient exists already, so one bucket per group is enough.
     ``mesh``: a :class:`distlab.parallel.compose.mesh.ParallelMesh`; ``algorithm`` as in
     :class:`distlab.parallel.comm.collectives.Collectives`.
     """
-    dense = Collectives(algorithm, group=mesh["dp-cp"])
-    expert = Collectives(algorithm, group=mesh["expert_dp"])
-    data_parallel = mesh.size("dp-cp")
     expert_params = {
         id(p)
         for module in model.modules()
         if isinstance(module, ExpertParallelMoE)
         for p in module.experts.parameters()
     }
+    dense, experts = [], []
     for p in model.parameters():
-        if p.grad is None:
-            continue
-        if id(p) in expert_params:
-            expert.all_reduce_sum_(p.grad)
-            p.grad.div_(data_parallel)
-        else:
-            dense.all_reduce_mean_(p.grad)
+        if p.grad is not None:
+            (experts if id(p) in expert_params else dense).append(p.grad)
+    data_parallel = mesh.size("dp-cp")
+    for group_grads, group in ((dense, mesh["dp-cp"]), (experts, mesh["expert_dp"])):
+        summed = Collectives(algorithm, group=group)
+        for dtype in dict.fromkeys(g.dtype for g in group_grads):  # in first-seen order
+            same = [g for g in group_grads if g.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in same])
+            summed.all_reduce_sum_(flat)
+            flat.div_(data_parallel)
+            for grad, part in zip(same, flat.split([g.numel() for g in same]), strict=True):
+                grad.copy_(part.view_as(grad))
 
 
 def load_balance_run(
