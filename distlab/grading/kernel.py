@@ -49,6 +49,7 @@ from pathlib import Path
 from distlab.grading.cells import is_graded
 from distlab.grading.slicing import leading_imports
 from distlab.grading.sockets import use_private_sockets
+from distlab.launch.template import hosting
 
 
 @dataclass
@@ -87,9 +88,14 @@ def early_imports(nb) -> str:
     imports = leading_imports(first.source)
     if not imports:
         return ""
-    if any("distlab.run(" in c.source for c in nb.cells if c.get("cell_type") == "code"):
+    if calls_run(nb):
         imports += "\n" + PRESTART
     return f"exec({imports!r}, {{'get_ipython': get_ipython}})"
+
+
+def calls_run(nb) -> bool:
+    """True if a code cell of ``nb`` calls ``distlab.run`` (its kernel will need a starter)."""
+    return any("distlab.run(" in c.source for c in nb.cells if c.get("cell_type") == "code")
 
 
 def start_kernel(nb, folder: str) -> EarlyKernel:
@@ -137,14 +143,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=None)
     args = parser.parse_args(argv)
+    notebooks = [nbformat.read(run / RUN_NOTEBOOK, as_version=4) for run in args.runs]
     execute_file = None
-    for run in args.runs:
-        work = run / RUN_WORK
-        os.chdir(work)  # the Execute step runs the notebook in the current folder
-        kernel = start_kernel(nbformat.read(run / RUN_NOTEBOOK, as_version=4), str(work))
-        if execute_file is None:
-            from distlab.grading.execute import execute_file
-        execute_file(run / RUN_NOTEBOOK, run / RUN_EXECUTED, run / RUN_SCORES, args.timeout, kernel)
+    # several kernels that start processes: their starters fork from one template
+    with hosting(len(notebooks) > 1 and any(calls_run(nb) for nb in notebooks)):
+        for run, nb in zip(args.runs, notebooks, strict=True):
+            work = run / RUN_WORK
+            os.chdir(work)  # the Execute step runs the notebook in the current folder
+            kernel = start_kernel(nb, str(work))
+            if execute_file is None:
+                from distlab.grading.execute import execute_file
+            execute_file(
+                run / RUN_NOTEBOOK, run / RUN_EXECUTED, run / RUN_SCORES, args.timeout, kernel
+            )
 
 
 if __name__ == "__main__":

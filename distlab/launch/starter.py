@@ -40,6 +40,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from .worker import main as worker_main
 
@@ -82,6 +83,39 @@ class ForkedWorkerProcess:
     def _end(self, code: int | None) -> None:
         self.returncode = code
         self._ended.set()
+
+
+class ForkedStarterProcess:
+    """A starter that a template forked (:mod:`distlab.launch.template`): not this
+    process's child, so it is waited for by its process id, as much of
+    :class:`subprocess.Popen` as :class:`Starter` uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while _exists(self.pid):
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"starter {self.pid}", timeout)
+            time.sleep(0.02)
+        return 0
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _exists(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, ended but not yet reaped by its parent, counts
+    as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class _Link:
@@ -144,6 +178,14 @@ class Starter:
             return link.workers[pid]
 
     def _start_starter(self) -> _Link:
+        from .template import connect  # a host's template forks one at once, if there is one
+
+        forked = connect(os.getcwd())
+        if forked is not None:
+            sock, pid = forked
+            link = _Link(sock, ForkedStarterProcess(pid), _read_at_import())
+            threading.Thread(target=self._read_reports, args=(link,), daemon=True).start()
+            return link
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         code = "import sys; from distlab.launch.starter import main; main(int(sys.argv[1]))"
         environment = _read_at_import()
@@ -216,8 +258,14 @@ STARTER_GONE = -1
 def main(fd: int) -> None:
     """The starter process: import torch.distributed once, then fork workers on request,
     and report each one's end. Exits when its parent dies or closes the socket."""
-    sock = socket.socket(fileno=fd)
-    parent = os.getppid()
+    serve(socket.socket(fileno=fd), parent=os.getppid())
+
+
+def serve(sock: socket.socket, parent: int | None) -> None:
+    """The starter's loop on ``sock``: fork a worker per request, report each one's end;
+    exit when ``sock`` is closed or, unless ``parent`` is None, when this process's parent
+    is no longer ``parent``. (A starter forked by a template, :mod:`distlab.launch.template`,
+    serves its kernel, not its parent: it ends when the kernel closes the socket.)"""
     wake_read, wake_write = os.pipe()  # SIGCHLD wakes the loop up, to report ends at once
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
@@ -230,7 +278,7 @@ def main(fd: int) -> None:
         if wake_read in ready:
             os.read(wake_read, 512)
         _report_ended(sock)
-        if os.getppid() != parent:
+        if parent is not None and os.getppid() != parent:
             os._exit(0)
         if sock not in ready:
             continue

@@ -1,0 +1,196 @@
+"""Fork each kernel's worker starter from one process that imported torch once.
+
+Every process that calls ``distlab.run`` keeps a *starter* (:mod:`distlab.launch.starter`):
+a fresh Python that imports torch.distributed and torch._dynamo (about 5 s of CPU on a
+2-core laptop) and then forks the workers. Grading starts many kernels one after the
+other (nbgrader a kernel per notebook, ``distlab grade --exercise`` a kernel per
+exercise), so each of them paid those 5 s again for its own starter.
+
+A process that hosts many kernels therefore starts one **template** first
+(:func:`start_template`): it imports what a starter imports, listens on a Unix socket,
+and puts the socket's path in ``$DISTLAB_STARTER_TEMPLATE`` (:data:`ENV_VAR`), which the
+kernels inherit. When a kernel needs its starter (:class:`distlab.launch.starter.Starter`)
+it connects there instead of starting a Python, and the template forks a copy of itself
+that becomes that kernel's starter. Each kernel still has a starter of its own, which
+forks its workers and ends with it; only the import is shared. The conversation:
+
+* the kernel sends ``["starter", variables, cwd]`` (JSON: the variables torch reads when
+  it is imported, :data:`distlab.launch.starter.READ_AT_IMPORT`, and its working folder)
+  with its own stdout and stderr (``SCM_RIGHTS``);
+* the template answers ``["refused", why]`` when one of those variables differs from its
+  own (its import would not be the one the kernel's own starter would make), and the
+  kernel starts a Python of its own as before; otherwise it forks, and the child takes
+  the kernel's stdout, stderr and folder, answers ``["ready", pid]`` and runs the
+  starter's loop (:func:`distlab.launch.starter.serve`) on the same socket. The starter
+  exits when the kernel closes it (the kernel ended, however), and its workers follow.
+
+The template exits when the process that started it ends. Linux only, as the starter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .starter import CAN_FORK, PRELOADED, _read_at_import, serve
+
+#: Where a kernel finds its host's template: the path of its socket.
+ENV_VAR = "DISTLAB_STARTER_TEMPLATE"
+SOCKET_NAME = "starter-template.sock"
+
+
+# ------------------------------------------------------------------ the host's side ---
+def start_template(folder: str | os.PathLike) -> subprocess.Popen | None:
+    """Start a template listening in ``folder`` (a private folder of the host's, whose
+    path is short enough for a Unix socket) and set :data:`ENV_VAR` in this process's
+    environment, for the kernels it starts next; None where forking is not used. The
+    template imports torch meanwhile and exits when this process does."""
+    if not CAN_FORK:
+        return None
+    path = Path(folder) / SOCKET_NAME
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))  # bound and listening before any kernel may connect
+    listener.listen(16)
+    code = "import sys; from distlab.launch.template import main; main(int(sys.argv[1]))"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(listener.fileno())],
+        pass_fds=(listener.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
+    listener.close()
+    os.environ[ENV_VAR] = str(path)
+    return process
+
+
+def stop_template(process: subprocess.Popen | None) -> None:
+    """End a template from :func:`start_template` (the starters it forked end with their
+    kernels) and unset :data:`ENV_VAR`."""
+    os.environ.pop(ENV_VAR, None)
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def hosting(wanted: bool = True) -> Iterator[None]:
+    """Inside the block, the kernels this process starts fork their starters from one
+    template (if ``wanted``; a host of a single kernel gains nothing from one)."""
+    if not wanted:
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="distlab-template-")
+    process = start_template(folder)
+    try:
+        yield
+    finally:
+        stop_template(process)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def connect(cwd: str) -> tuple[socket.socket, int] | None:
+    """From a kernel: a starter forked by the template named in :data:`ENV_VAR`, as
+    ``(socket, pid)``, or None when there is none, it refused or it is gone (the caller
+    then starts a starter of its own). Waits while the template is still importing."""
+    path = os.environ.get(ENV_VAR)
+    if not CAN_FORK or not path:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(path)
+        hello = json.dumps(["starter", _read_at_import(), cwd]).encode()
+        socket.send_fds(sock, [hello], [sys.__stdout__.fileno(), sys.__stderr__.fileno()])
+        ready, _, _ = select.select([sock], [], [], 120)
+        answer = json.loads(sock.recv(4096) or b"null") if ready else None
+    except (OSError, ValueError, AttributeError):
+        answer = None
+    if not answer or answer[0] != "ready":
+        sock.close()
+        return None
+    return sock, answer[1]
+
+
+# --------------------------------------------------------------- the template's side ---
+def main(fd: int) -> None:
+    """The template: import what a starter imports, then fork one starter per kernel that
+    connects (its variables read at import time equal to this process's), reap them, and
+    exit when the host process ends."""
+    listener = socket.socket(fileno=fd)
+    host = os.getppid()
+    wake_read, wake_write = os.pipe()  # SIGCHLD wakes the loop up to reap
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    for module in PRELOADED:
+        importlib.import_module(module)
+    mine = _read_at_import()
+    while True:
+        ready, _, _ = select.select([listener, wake_read], [], [], 0.5)
+        if wake_read in ready:
+            os.read(wake_read, 512)
+        _reap()
+        if os.getppid() != host:
+            os._exit(0)
+        if listener not in ready:
+            continue
+        try:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+            _, variables, cwd = json.loads(message)
+        except (OSError, ValueError):
+            continue
+        if variables != mine or len(fds) != 2:
+            changed = sorted(k for k in {*variables, *mine} if variables.get(k) != mine.get(k))
+            _answer(conn, ["refused", f"variables read at import differ: {changed}"])
+        elif os.fork() == 0:
+            _become_starter(listener, (wake_read, wake_write), conn, fds, cwd)
+        for end in fds:
+            os.close(end)
+        conn.close()
+
+
+def _become_starter(listener, pipes, conn: socket.socket, fds, cwd: str) -> None:
+    """In the forked child: the template's socket and signal set-up dropped, the kernel's
+    stdout, stderr and folder taken, then the starter's loop on ``conn``."""
+    code = 1
+    try:
+        listener.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for end in pipes:
+            os.close(end)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        os.chdir(cwd)
+        _answer(conn, ["ready", os.getpid()])
+        serve(conn, parent=None)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _answer(conn: socket.socket, message: list) -> None:
+    try:
+        conn.send(json.dumps(message).encode())
+    except OSError:
+        pass
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

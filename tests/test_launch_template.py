@@ -1,0 +1,127 @@
+"""A host's starter template (distlab.launch.template): the kernels it starts fork their
+worker starters from it, each its own, and nothing it forks outlives what it serves.
+
+Each "kernel" here is a plain Python started by the test (what a grading child or
+nbgrader starts, but without Jupyter): it calls ``distlab.run`` and reports who started its
+starter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from distlab.launch.starter import CAN_FORK
+from distlab.launch.template import ENV_VAR, hosting
+
+pytestmark = [
+    pytest.mark.skipif(not CAN_FORK, reason="templates fork: Linux only"),
+    pytest.mark.slow,  # each kernel imports torch: 3-5 s
+]
+
+KERNEL = r"""
+import json, os, sys, distlab
+from distlab.launch.parent import _starter
+
+def where(rank, world_size):
+    return os.getcwd(), os.getppid()
+
+ranks = distlab.run(where, 2)
+with open(f"/proc/{_starter.pid}/stat") as stat:
+    starter_parent = int(stat.read().rpartition(")")[2].split()[1])
+print(json.dumps({"ranks": ranks, "starter": _starter.pid, "starter_parent": starter_parent}))
+"""
+
+
+def _kernel(tmp_path, **env) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", KERNEL], cwd=tmp_path, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _template_pid() -> int:
+    """The template this process started: its child that runs distlab.launch.template."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    command = cmdline.read()
+                with open(f"/proc/{pid}/stat") as stat:
+                    parent = int(stat.read().rpartition(")")[2].split()[1])
+            except OSError:
+                continue
+            if b"distlab.launch.template" in command and parent == os.getpid():
+                return int(pid)
+    raise AssertionError("no template process")
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within  # a bound on the wait, not on the work: 0.5 s polls
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_each_kernel_gets_a_starter_of_its_own_forked_by_the_template(tmp_path):
+    with hosting():
+        assert os.environ[ENV_VAR].endswith(".sock")
+        template = _template_pid()
+        first, second = _kernel(tmp_path), _kernel(tmp_path)
+        # a variable torch reads at import differs: the kernel starts its own starter
+        own = _kernel(tmp_path, OMP_NUM_THREADS="1")
+    assert ENV_VAR not in os.environ, "the variable outlived the block"
+    for run in (first, second):
+        assert run["starter_parent"] == template, run
+        # the workers are the starter's forks, in the kernel's folder
+        assert [tuple(r) for r in run["ranks"]] == [(str(tmp_path), run["starter"])] * 2
+    assert first["starter"] != second["starter"], "two kernels shared one starter"
+    assert own["starter_parent"] != template, own
+    assert _gone(template, within=10), "the template outlived hosting()"
+
+
+HOST = r"""
+import subprocess, sys, time
+from distlab.launch.template import hosting
+with hosting():
+    kernel = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+    print(kernel.stdout.readline(), flush=True)
+    time.sleep(600)
+"""
+
+#: A kernel that reports its pid too, then stays until it is killed.
+STAYING_KERNEL = KERNEL.replace('"ranks": ranks', '"pid": os.getpid(), "ranks": ranks') + (
+    "import time\ntime.sleep(600)\n"
+)
+
+
+def test_the_starter_ends_with_its_kernel_and_the_template_with_its_host(tmp_path):
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST, STAYING_KERNEL],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        report = json.loads(host.stdout.readline())
+        template, starter, kernel = report["starter_parent"], report["starter"], report["pid"]
+        os.kill(kernel, signal.SIGKILL)  # the kernel dies without a word
+        assert _gone(starter, within=30), "the starter outlived its kernel"
+        os.kill(host.pid, signal.SIGKILL)  # and so does the host
+        assert _gone(template, within=30), "the template outlived its host"
+    finally:
+        host.kill()
+        host.wait()
