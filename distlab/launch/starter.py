@@ -62,6 +62,34 @@ def _read_at_import() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(READ_AT_IMPORT)}
 
 
+#: Set by a process that hosts many kernels (:mod:`distlab.launch.template`): the path of
+#: the socket where its template forks each kernel's starter.
+TEMPLATE_ENV_VAR = "DISTLAB_STARTER_TEMPLATE"
+
+
+def from_template(cwd: str) -> tuple[socket.socket, int] | None:
+    """The kernel's side of :mod:`distlab.launch.template`: a starter forked by the
+    template named in :data:`TEMPLATE_ENV_VAR`, as ``(socket, pid)``, or None when there
+    is none, it refused or it is gone (the caller then starts a starter of its own). Waits
+    while the template is still importing."""
+    path = os.environ.get(TEMPLATE_ENV_VAR)
+    if not CAN_FORK or not path:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(path)
+        hello = json.dumps(["starter", _read_at_import(), cwd]).encode()
+        socket.send_fds(sock, [hello], [sys.__stdout__.fileno(), sys.__stderr__.fileno()])
+        ready, _, _ = select.select([sock], [], [], 120)
+        answer = json.loads(sock.recv(4096) or b"null") if ready else None
+    except (OSError, ValueError, AttributeError):
+        answer = None
+    if not answer or answer[0] != "ready":
+        sock.close()
+        return None
+    return sock, answer[1]
+
+
 # ------------------------------------------------------------ the parent's side ---
 class ForkedWorkerProcess:
     """The parent's handle on a worker the starter forked: what ``run`` uses of
@@ -178,9 +206,7 @@ class Starter:
             return link.workers[pid]
 
     def _start_starter(self) -> _Link:
-        from .template import connect  # a host's template forks one at once, if there is one
-
-        forked = connect(os.getcwd())
+        forked = from_template(os.getcwd())  # a host's template forks one at once, if any
         if forked is not None:
             sock, pid = forked
             link = _Link(sock, ForkedStarterProcess(pid), _read_at_import())

@@ -10,7 +10,8 @@ A process that hosts many kernels therefore starts one **template** first
 (:func:`start_template`): it imports what a starter imports, listens on a Unix socket,
 and puts the socket's path in ``$DISTLAB_STARTER_TEMPLATE`` (:data:`ENV_VAR`), which the
 kernels inherit. When a kernel needs its starter (:class:`distlab.launch.starter.Starter`)
-it connects there instead of starting a Python, and the template forks a copy of itself
+it connects there instead of starting a Python (:func:`distlab.launch.starter.from_template`,
+the kernel's side), and the template forks a copy of itself
 that becomes that kernel's starter. Each kernel still has a starter of its own, which
 forks its workers and ends with it; only the import is shared. The conversation:
 
@@ -43,10 +44,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .starter import CAN_FORK, PRELOADED, _read_at_import, serve
+from .starter import CAN_FORK, PRELOADED, TEMPLATE_ENV_VAR, _read_at_import, serve
 
-#: Where a kernel finds its host's template: the path of its socket.
-ENV_VAR = "DISTLAB_STARTER_TEMPLATE"
+ENV_VAR = TEMPLATE_ENV_VAR  # where a kernel finds its host's template: its socket's path
 SOCKET_NAME = "starter-template.sock"
 
 
@@ -96,28 +96,6 @@ def hosting(wanted: bool = True) -> Iterator[None]:
     finally:
         stop_template(process)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def connect(cwd: str) -> tuple[socket.socket, int] | None:
-    """From a kernel: a starter forked by the template named in :data:`ENV_VAR`, as
-    ``(socket, pid)``, or None when there is none, it refused or it is gone (the caller
-    then starts a starter of its own). Waits while the template is still importing."""
-    path = os.environ.get(ENV_VAR)
-    if not CAN_FORK or not path:
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.connect(path)
-        hello = json.dumps(["starter", _read_at_import(), cwd]).encode()
-        socket.send_fds(sock, [hello], [sys.__stdout__.fileno(), sys.__stderr__.fileno()])
-        ready, _, _ = select.select([sock], [], [], 120)
-        answer = json.loads(sock.recv(4096) or b"null") if ready else None
-    except (OSError, ValueError, AttributeError):
-        answer = None
-    if not answer or answer[0] != "ready":
-        sock.close()
-        return None
-    return sock, answer[1]
 
 
 # --------------------------------------------------------------- the template's side ---
