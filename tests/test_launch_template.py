@@ -125,3 +125,19 @@ def test_the_starter_ends_with_its_kernel_and_the_template_with_its_host(tmp_pat
     finally:
         host.kill()
         host.wait()
+
+
+def test_a_garbled_hello_is_refused_and_the_template_serves_on(tmp_path):
+    import socket
+
+    with hosting():
+        template = _template_pid()
+        for hello in (b"not json", b'["starter"]', b'["starter", 3, "/"]'):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sock.connect(os.environ[ENV_VAR])
+            socket.send_fds(sock, [hello], [1, 2])
+            answer = json.loads(sock.recv(4096))
+            sock.close()
+            assert answer[0] == "refused", (hello, answer)
+        assert not _gone(template, within=0.5), "a garbled hello ended the template"
+        assert _kernel(tmp_path)["starter_parent"] == template

@@ -123,15 +123,19 @@ def main(fd: int) -> None:
             continue
         try:
             conn, _ = listener.accept()
+        except OSError:
+            continue
+        fds: list[int] = []
+        try:
             message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
             _, variables, cwd = json.loads(message)
-        except (OSError, ValueError):
-            continue
-        if variables != mine or len(fds) != 2:
-            changed = sorted(k for k in {*variables, *mine} if variables.get(k) != mine.get(k))
-            _answer(conn, ["refused", f"variables read at import differ: {changed}"])
-        elif os.fork() == 0:
-            _become_starter(listener, (wake_read, wake_write), conn, fds, cwd)
+            if variables != mine or len(fds) != 2:
+                changed = sorted(k for k in {*variables, *mine} if variables.get(k) != mine.get(k))
+                _answer(conn, ["refused", f"variables read at import differ: {changed}"])
+            elif os.fork() == 0:
+                _become_starter(listener, (wake_read, wake_write), conn, fds, cwd)
+        except (OSError, ValueError, TypeError, AttributeError) as error:  # garbled, or no fork
+            _answer(conn, ["refused", str(error)])
         for end in fds:
             os.close(end)
         conn.close()
