@@ -308,7 +308,9 @@ def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") ->
     Each group's gradients travel as **one** flat buffer (one per dtype), all-reduced
     once: a collective per tensor would pay its latency once per tensor, which is why
     DDP buckets them (Li et al. 2020, Section 3.2.2; :mod:`distlab.parallel.comm.buckets`).
-    Here every gradient exists already, so one bucket per group is enough.
+    Here every gradient exists already, so one bucket per group is enough. The buffer is a
+    copy: one more gradient-sized tensor while the sum travels, freed when it is copied
+    back (DDP instead makes the gradients views into its buckets, ``gradient_as_bucket_view``).
     ``mesh``: a :class:`distlab.parallel.compose.mesh.ParallelMesh`; ``algorithm`` as in
     :class:`distlab.parallel.comm.collectives.Collectives`.
     """
