@@ -310,7 +310,8 @@ def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") ->
     DDP buckets them (Li et al. 2020, Section 3.2.2; :mod:`distlab.parallel.comm.buckets`).
     Here every gradient exists already, so one bucket per group is enough. The buffer is a
     copy: one more gradient-sized tensor while the sum travels, freed when it is copied
-    back (DDP instead makes the gradients views into its buckets, ``gradient_as_bucket_view``).
+    back (DDP copies into its buckets too, unless ``gradient_as_bucket_view=True`` makes
+    the gradients views of them).
     ``mesh``: a :class:`distlab.parallel.compose.mesh.ParallelMesh`; ``algorithm`` as in
     :class:`distlab.parallel.comm.collectives.Collectives`.
     """
