@@ -17,12 +17,18 @@ import time
 
 from distlab.core.course import find_course_root
 from distlab.grading.mutants import CORRECT, check_notebook
+from distlab.launch.template import hosting
 
 ROOT = find_course_root()
 MUTANTS = ROOT / "tests" / "mutants"
 
 
 def main(selected: list[str]) -> int:
+    with hosting(len(selected) != 1):  # a kernel per notebook: starters fork from one template
+        return _check(selected)
+
+
+def _check(selected: list[str]) -> int:
     files = sorted(MUTANTS.glob("m[0-9][0-9]_*.py"))
     if selected:
         files = [f for f in files if any(f.name.startswith(f"m{s}") for s in selected)]

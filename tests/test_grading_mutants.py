@@ -40,6 +40,7 @@ from distlab.grading.mutants import (
     plan,
 )
 from distlab.grading.slicing import cell_names, needed_cells
+from distlab.launch.template import hosting
 
 ROOT = grading.find_course_root()
 MUTANT_FILES = sorted((ROOT / "tests" / "mutants").glob("m[0-9][0-9]_*.py"))
@@ -128,7 +129,8 @@ def mutation_run(tmp_path_factory):
             done[mutants] = check_notebook(ROOT, mutants, cwd, after)
         return done[mutants]
 
-    return run
+    with hosting():  # one kernel per notebook: their starters fork from one template
+        yield run
 
 
 @pytest.mark.slow

@@ -20,10 +20,8 @@ import pytest
 from distlab.launch.starter import CAN_FORK
 from distlab.launch.template import ENV_VAR, hosting
 
-pytestmark = [
-    pytest.mark.skipif(not CAN_FORK, reason="templates fork: Linux only"),
-    pytest.mark.slow,  # each kernel imports torch: 3-5 s
-]
+pytestmark = pytest.mark.skipif(not CAN_FORK, reason="templates fork: Linux only")
+SLOW = pytest.mark.slow  # each kernel imports torch: 3-5 s
 
 KERNEL = r"""
 import json, os, sys, distlab
@@ -76,6 +74,7 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
+@SLOW
 def test_each_kernel_gets_a_starter_of_its_own_forked_by_the_template(tmp_path):
     with hosting():
         assert os.environ[ENV_VAR].endswith(".sock")
@@ -108,6 +107,7 @@ STAYING_KERNEL = KERNEL.replace('"ranks": ranks', '"pid": os.getpid(), "ranks": 
 )
 
 
+@SLOW
 def test_the_starter_ends_with_its_kernel_and_the_template_with_its_host(tmp_path):
     host = subprocess.Popen(
         [sys.executable, "-c", HOST, STAYING_KERNEL],
@@ -127,6 +127,7 @@ def test_the_starter_ends_with_its_kernel_and_the_template_with_its_host(tmp_pat
         host.wait()
 
 
+@SLOW
 def test_a_garbled_hello_is_refused_and_the_template_serves_on(tmp_path):
     import socket
 
@@ -141,3 +142,12 @@ def test_a_garbled_hello_is_refused_and_the_template_serves_on(tmp_path):
             assert answer[0] == "refused", (hello, answer)
         assert not _gone(template, within=0.5), "a garbled hello ended the template"
         assert _kernel(tmp_path)["starter_parent"] == template
+
+
+def test_without_a_template_a_host_hides_the_one_it_inherited(monkeypatch):
+    """A contained grading run that hosts no template of its own must not hand its kernels
+    the path of one outside it (their starters would live outside the run)."""
+    monkeypatch.setenv(ENV_VAR, "/somewhere/outside.sock")
+    with hosting(False):
+        assert ENV_VAR not in os.environ
+    assert os.environ[ENV_VAR] == "/somewhere/outside.sock"

@@ -85,9 +85,17 @@ def stop_template(process: subprocess.Popen | None) -> None:
 @contextlib.contextmanager
 def hosting(wanted: bool = True) -> Iterator[None]:
     """Inside the block, the kernels this process starts fork their starters from one
-    template (if ``wanted``; a host of a single kernel gains nothing from one)."""
+    template (if ``wanted``; a host of a single kernel gains nothing from one). Unwanted,
+    the block runs without any template, not even one this process inherited the path of:
+    a contained grading run (:mod:`distlab.grading.run`) keeps every process it starts
+    inside itself, starters included."""
     if not wanted:
-        yield
+        inherited = os.environ.pop(ENV_VAR, None)
+        try:
+            yield
+        finally:
+            if inherited is not None:
+                os.environ[ENV_VAR] = inherited
         return
     folder = tempfile.mkdtemp(prefix="distlab-template-")
     process = start_template(folder)
