@@ -24,14 +24,14 @@ MUTANTS = ROOT / "tests" / "mutants"
 
 
 def main(selected: list[str]) -> int:
-    with hosting(len(selected) != 1):  # a kernel per notebook: starters fork from one template
-        return _check(selected)
-
-
-def _check(selected: list[str]) -> int:
     files = sorted(MUTANTS.glob("m[0-9][0-9]_*.py"))
     if selected:
         files = [f for f in files if any(f.name.startswith(f"m{s}") for s in selected)]
+    with hosting(len(files) > 1):  # a kernel per notebook: starters fork from one template
+        return _check(files)
+
+
+def _check(files: list) -> int:
     print(f"{'notebook':<36} {'exercises':>9} {'mutants':>8} {'caught':>7} {'seconds':>8}")
     bad, total, total_caught = [], 0, 0
     for path in files:

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from distlab.launch.starter import CAN_FORK
-from distlab.launch.template import ENV_VAR, hosting
+from distlab.launch.starter import CAN_FORK, TEMPLATE_ENV_VAR
+from distlab.launch.template import hosting
 
 pytestmark = pytest.mark.skipif(not CAN_FORK, reason="templates fork: Linux only")
 SLOW = pytest.mark.slow  # each kernel imports torch: 3-5 s
@@ -77,12 +77,12 @@ def _gone(pid: int, within: float) -> bool:
 @SLOW
 def test_each_kernel_gets_a_starter_of_its_own_forked_by_the_template(tmp_path):
     with hosting():
-        assert os.environ[ENV_VAR].endswith(".sock")
+        assert os.environ[TEMPLATE_ENV_VAR].endswith(".sock")
         template = _template_pid()
         first, second = _kernel(tmp_path), _kernel(tmp_path)
         # a variable torch reads at import differs: the kernel starts its own starter
         own = _kernel(tmp_path, OMP_NUM_THREADS="1")
-    assert ENV_VAR not in os.environ, "the variable outlived the block"
+    assert TEMPLATE_ENV_VAR not in os.environ, "the variable outlived the block"
     for run in (first, second):
         assert run["starter_parent"] == template, run
         # the workers are the starter's forks, in the kernel's folder
@@ -135,7 +135,7 @@ def test_a_garbled_hello_is_refused_and_the_template_serves_on(tmp_path):
         template = _template_pid()
         for hello in (b"not json", b'["starter"]', b'["starter", 3, "/"]'):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            sock.connect(os.environ[ENV_VAR])
+            sock.connect(os.environ[TEMPLATE_ENV_VAR])
             socket.send_fds(sock, [hello], [1, 2])
             answer = json.loads(sock.recv(4096))
             sock.close()
@@ -147,7 +147,7 @@ def test_a_garbled_hello_is_refused_and_the_template_serves_on(tmp_path):
 def test_without_a_template_a_host_hides_the_one_it_inherited(monkeypatch):
     """A contained grading run that hosts no template of its own must not hand its kernels
     the path of one outside it (their starters would live outside the run)."""
-    monkeypatch.setenv(ENV_VAR, "/somewhere/outside.sock")
+    monkeypatch.setenv(TEMPLATE_ENV_VAR, "/somewhere/outside.sock")
     with hosting(False):
-        assert ENV_VAR not in os.environ
-    assert os.environ[ENV_VAR] == "/somewhere/outside.sock"
+        assert TEMPLATE_ENV_VAR not in os.environ
+    assert os.environ[TEMPLATE_ENV_VAR] == "/somewhere/outside.sock"

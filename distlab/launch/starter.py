@@ -42,6 +42,8 @@ import sys
 import threading
 import time
 
+from distlab.core.processes import is_running, started_at
+
 from .worker import main as worker_main
 
 #: Forking is used only here; other systems start a fresh Python per worker.
@@ -120,10 +122,11 @@ class ForkedStarterProcess:
 
     def __init__(self, pid: int):
         self.pid = pid
+        self._started = started_at(pid)  # tells it from a later process given its pid
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while _exists(self.pid):
+        while is_running(self.pid, self._started):
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(f"starter {self.pid}", timeout)
             time.sleep(0.02)
@@ -134,16 +137,6 @@ class ForkedStarterProcess:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _exists(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, ended but not yet reaped by its parent, counts
-    as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class _Link:
@@ -292,10 +285,7 @@ def serve(sock: socket.socket, parent: int | None) -> None:
     exit when ``sock`` is closed or, unless ``parent`` is None, when this process's parent
     is no longer ``parent``. (A starter forked by a template, :mod:`distlab.launch.template`,
     serves its kernel, not its parent: it ends when the kernel closes the socket.)"""
-    wake_read, wake_write = os.pipe()  # SIGCHLD wakes the loop up, to report ends at once
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wake_read, wake_write = wake_on_sigchld()  # to report ends at once
     for module in PRELOADED:  # imported for the forks: nothing here uses them
         importlib.import_module(module)
 
@@ -338,8 +328,7 @@ def _become_worker(starter_sock, pipes, fd: int, stderr_path: str, environment) 
     file, then the worker's loop, watching the starter."""
     code = 1
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        forget_sigchld()
         starter_sock.close()
         os.setsid()
         for end in pipes:
@@ -357,8 +346,25 @@ def _become_worker(starter_sock, pipes, fd: int, stderr_path: str, environment) 
         os._exit(code)
 
 
-def _report_ended(sock: socket.socket) -> None:
-    """Reap every child that has ended and tell the parent its exit code."""
+def wake_on_sigchld() -> tuple[int, int]:
+    """A pipe that SIGCHLD writes to (``signal.set_wakeup_fd``): a loop that waits in
+    ``select`` on its read end wakes up as soon as a child ends. Returns both ends."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_read, wake_write
+
+
+def forget_sigchld() -> None:
+    """Undo :func:`wake_on_sigchld` in a forked child (its pipe ends are closed apart)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def ended_children():
+    """Reap every child that has ended: ``(pid, exit code)`` for each, the code as
+    :class:`subprocess.Popen` gives it (negative: killed by that signal)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -366,7 +372,13 @@ def _report_ended(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _send(sock, ["ended", pid, os.waitstatus_to_exitcode(status)])
+        yield pid, os.waitstatus_to_exitcode(status)
+
+
+def _report_ended(sock: socket.socket) -> None:
+    """Reap every child that has ended and tell the parent its exit code."""
+    for pid, code in ended_children():
+        _send(sock, ["ended", pid, code])
 
 
 def _send(sock: socket.socket, message: list) -> None:

@@ -8,12 +8,13 @@ exercise), so each of them paid those 5 s again for its own starter.
 
 A process that hosts many kernels therefore starts one **template** first
 (:func:`start_template`): it imports what a starter imports, listens on a Unix socket,
-and puts the socket's path in ``$DISTLAB_STARTER_TEMPLATE`` (:data:`ENV_VAR`), which the
-kernels inherit. When a kernel needs its starter (:class:`distlab.launch.starter.Starter`)
-it connects there instead of starting a Python (:func:`distlab.launch.starter.from_template`,
-the kernel's side), and the template forks a copy of itself
-that becomes that kernel's starter. Each kernel still has a starter of its own, which
-forks its workers and ends with it; only the import is shared. The conversation:
+and puts the socket's path in ``$DISTLAB_STARTER_TEMPLATE``
+(:data:`~distlab.launch.starter.TEMPLATE_ENV_VAR`), which the kernels inherit. When a
+kernel needs its starter (:class:`distlab.launch.starter.Starter`) it connects there
+instead of starting a Python (:func:`distlab.launch.starter.from_template`, the kernel's
+side), and the template forks a copy of itself that becomes that kernel's starter. Each
+kernel still has a starter of its own, which forks its workers and ends with it; only the
+import is shared. The conversation:
 
 * the kernel sends ``["starter", variables, cwd]`` (JSON: the variables torch reads when
   it is imported, :data:`distlab.launch.starter.READ_AT_IMPORT`, and its working folder)
@@ -36,7 +37,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -44,17 +44,25 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .starter import CAN_FORK, PRELOADED, TEMPLATE_ENV_VAR, _read_at_import, serve
+from .starter import (
+    CAN_FORK,
+    PRELOADED,
+    TEMPLATE_ENV_VAR,
+    _read_at_import,
+    ended_children,
+    forget_sigchld,
+    serve,
+    wake_on_sigchld,
+)
 
-ENV_VAR = TEMPLATE_ENV_VAR  # where a kernel finds its host's template: its socket's path
 SOCKET_NAME = "starter-template.sock"
 
 
 # ------------------------------------------------------------------ the host's side ---
 def start_template(folder: str | os.PathLike) -> subprocess.Popen | None:
     """Start a template listening in ``folder`` (a private folder of the host's, whose
-    path is short enough for a Unix socket) and set :data:`ENV_VAR` in this process's
-    environment, for the kernels it starts next; None where forking is not used. The
+    path is short enough for a Unix socket) and set ``$DISTLAB_STARTER_TEMPLATE`` in this
+    process's environment, for the kernels it starts next; None where forking is not used. The
     template imports torch meanwhile and exits when this process does."""
     if not CAN_FORK:
         return None
@@ -69,14 +77,14 @@ def start_template(folder: str | os.PathLike) -> subprocess.Popen | None:
         stdin=subprocess.DEVNULL,
     )
     listener.close()
-    os.environ[ENV_VAR] = str(path)
+    os.environ[TEMPLATE_ENV_VAR] = str(path)
     return process
 
 
 def stop_template(process: subprocess.Popen | None) -> None:
     """End a template from :func:`start_template` (the starters it forked end with their
-    kernels) and unset :data:`ENV_VAR`."""
-    os.environ.pop(ENV_VAR, None)
+    kernels) and unset ``$DISTLAB_STARTER_TEMPLATE``."""
+    os.environ.pop(TEMPLATE_ENV_VAR, None)
     if process is not None and process.poll() is None:
         process.kill()
         process.wait()
@@ -90,12 +98,12 @@ def hosting(wanted: bool = True) -> Iterator[None]:
     a contained grading run (:mod:`distlab.grading.run`) keeps every process it starts
     inside itself, starters included."""
     if not wanted:
-        inherited = os.environ.pop(ENV_VAR, None)
+        inherited = os.environ.pop(TEMPLATE_ENV_VAR, None)
         try:
             yield
         finally:
             if inherited is not None:
-                os.environ[ENV_VAR] = inherited
+                os.environ[TEMPLATE_ENV_VAR] = inherited
         return
     folder = tempfile.mkdtemp(prefix="distlab-template-")
     process = start_template(folder)
@@ -113,10 +121,7 @@ def main(fd: int) -> None:
     exit when the host process ends."""
     listener = socket.socket(fileno=fd)
     host = os.getppid()
-    wake_read, wake_write = os.pipe()  # SIGCHLD wakes the loop up to reap
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wake_read, wake_write = wake_on_sigchld()  # to reap the starters as they end
     for module in PRELOADED:
         importlib.import_module(module)
     mine = _read_at_import()
@@ -124,7 +129,8 @@ def main(fd: int) -> None:
         ready, _, _ = select.select([listener, wake_read], [], [], 0.5)
         if wake_read in ready:
             os.read(wake_read, 512)
-        _reap()
+        for _ in ended_children():  # reaped: nobody waits for a starter's exit code here
+            pass
         if os.getppid() != host:
             os._exit(0)
         if listener not in ready:
@@ -155,8 +161,7 @@ def _become_starter(listener, pipes, conn: socket.socket, fds, cwd: str) -> None
     code = 1
     try:
         listener.close()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        forget_sigchld()
         for end in pipes:
             os.close(end)
         os.dup2(fds[0], 1)
@@ -174,13 +179,3 @@ def _answer(conn: socket.socket, message: list) -> None:
         conn.send(json.dumps(message).encode())
     except OSError:
         pass
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return

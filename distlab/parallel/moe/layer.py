@@ -328,6 +328,11 @@ def average_moe_gradients(model: nn.Module, mesh, *, algorithm: str = "ring") ->
     data_parallel = mesh.size("dp-cp")
     for group_grads, group in ((dense, mesh["dp-cp"]), (experts, mesh["expert_dp"])):
         summed = Collectives(algorithm, group=group)
+        if summed.world_size == 1:  # nothing to sum (no dp, or ep = dp * cp): no copy either
+            if data_parallel > 1:
+                for grad in group_grads:
+                    grad.div_(data_parallel)
+            continue
         for dtype in dict.fromkeys(g.dtype for g in group_grads):  # in first-seen order
             same = [g for g in group_grads if g.dtype == dtype]
             flat = torch.cat([g.reshape(-1) for g in same])
