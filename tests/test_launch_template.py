@@ -101,9 +101,13 @@ with hosting():
     time.sleep(600)
 """
 
-#: A kernel that reports its pid too, then stays until it is killed.
-STAYING_KERNEL = KERNEL.replace('"ranks": ranks', '"pid": os.getpid(), "ranks": ranks') + (
-    "import time\ntime.sleep(600)\n"
+#: A kernel that reports its pid and the template's socket too, then stays until killed.
+STAYING_KERNEL = (
+    KERNEL.replace(
+        '"ranks": ranks',
+        f'"pid": os.getpid(), "socket": os.environ["{TEMPLATE_ENV_VAR}"], "ranks": ranks',
+    )
+    + "import time\ntime.sleep(600)\n"
 )
 
 
@@ -118,10 +122,12 @@ def test_the_starter_ends_with_its_kernel_and_the_template_with_its_host(tmp_pat
     try:
         report = json.loads(host.stdout.readline())
         template, starter, kernel = report["starter_parent"], report["starter"], report["pid"]
+        folder = os.path.dirname(report["socket"])
         os.kill(kernel, signal.SIGKILL)  # the kernel dies without a word
         assert _gone(starter, within=30), "the starter outlived its kernel"
         os.kill(host.pid, signal.SIGKILL)  # and so does the host
         assert _gone(template, within=30), "the template outlived its host"
+        assert not os.path.exists(folder), "the killed host's template folder was left behind"
     finally:
         host.kill()
         host.wait()

@@ -26,7 +26,9 @@ import is shared. The conversation:
   starter's loop (:func:`distlab.launch.starter.serve`) on the same socket. The starter
   exits when the kernel closes it (the kernel ended, however), and its workers follow.
 
-The template exits when the process that started it ends. Linux only, as the starter.
+The template exits when the process that started it ends; if that process was killed before
+it could clean up, the template removes its socket (and the folder :func:`hosting` made for
+it, once empty) on its way out. Linux only, as the starter.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def main(fd: int) -> None:
             os.read(wake_read, 512)
         for _ in ended_children():  # reaped: nobody waits for a starter's exit code here
             pass
-        if os.getppid() != host:
+        if os.getppid() != host:  # the host ended; if it was killed, nobody cleaned up
+            _remove_socket(listener)
             os._exit(0)
         if listener not in ready:
             continue
@@ -153,6 +156,15 @@ def main(fd: int) -> None:
         for end in fds:
             os.close(end)
         conn.close()
+
+
+def _remove_socket(listener: socket.socket) -> None:
+    """Remove the socket file and its folder, if that is now empty (``os.rmdir`` removes
+    nothing else): a host that was killed left both behind."""
+    path = listener.getsockname()
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
 
 
 def _become_starter(listener, pipes, conn: socket.socket, fds, cwd: str) -> None:
