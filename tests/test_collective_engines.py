@@ -3,8 +3,11 @@
 ``run_steps`` (the reference executor), the pipelined engine (gloo's default) and the
 step-by-step engine (NCCL's) each play every schedule of the registry, once with the default
 segment size and once with 8-byte segments (one float64 element: every message is cut into
-many segments, which the default 4 MiB never does on test-sized tensors). Data are integers in
-float64, so every reduction order gives the same bits and equality is exact.
+many segments, which the default 4 MiB never does on test-sized tensors); the pipelined engine
+also once with its eager receives off (``EAGER_BYTES = 0``: every receive that must wait is
+posted when it may, into place), since test-sized messages are all small enough to be eager.
+Data are integers in float64, so every reduction order gives the same bits and equality is
+exact.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import distlab
 
 NUMEL = 37  # not a multiple of any world size: chunks of unequal length
 ENGINES = [("reference", None), ("pipelined", None), ("pipelined", 8), ("step_by_step", None),
-           ("step_by_step", 8)]  # fmt: skip
+           ("step_by_step", 8), ("pipelined, not eager", None)]  # fmt: skip
 
 
 def _engines_worker(rank, n):
     import torch
     import torch.distributed as dist
 
+    from distlab.collectives import pipelined
     from distlab.collectives.buffers import Chunks
     from distlab.collectives.executor import DEFAULT_SEGMENT_BYTES, execute
     from distlab.sim.algorithms import REGISTRY
@@ -35,7 +39,15 @@ def _engines_worker(rank, n):
         schedule = entry.schedule(n, ranks_per_node=2)
         expected = _builtin_result(entry.collective, mine, n, rank, schedule.n_chunks)
         for engine, segment in ENGINES:
-            got = _play(execute, Chunks, schedule, mine, engine, segment or DEFAULT_SEGMENT_BYTES)
+            eager = pipelined.EAGER_BYTES
+            if engine == "pipelined, not eager":
+                engine, pipelined.EAGER_BYTES = "pipelined", 0
+            try:
+                got = _play(
+                    execute, Chunks, schedule, mine, engine, segment or DEFAULT_SEGMENT_BYTES
+                )
+            finally:
+                pipelined.EAGER_BYTES = eager
             if not all(torch.equal(a, b) for a, b in zip(got, expected)):
                 mismatches.append((name, engine, segment))
     dist.barrier()

@@ -7,7 +7,13 @@ time. This engine gives the same result faster on large buffers:
    segment ``k`` runs while segment ``k + 1`` is still arriving;
 2. a segment is posted as soon as the data it reads has landed, even if the
    rest of its step has not: step ``s + 1`` starts while step ``s`` finishes
-   (a pipelined ring, as in NCCL and gloo).
+   (a pipelined ring, as in NCCL and gloo);
+3. small receives are *eager*: posted at the very start into scratch, and copied into
+   place when their turn comes. gloo moves a message only once its receive is posted
+   (the receiver tells the sender it is ready, then the data flows), so a receive posted
+   late costs an extra trip across the wire; MPI libraries make the same split between
+   small "eager" and large "rendezvous" messages. Large receives still land in place
+   (a copy of megabytes would cost more than the trip it saves).
 
 Each segment carries a tag ``step << 22 | transfer << 12 | segment``, so the two
 ends match it however early it is posted. The dependency scan (which earlier
@@ -29,6 +35,9 @@ from .buffers import Chunks, Group, combine_, global_rank
 from .traffic import record_sent
 
 MAX_PIPELINED_STEPS = 512  # tags must fit in 31 bits: step << 22 | transfer << 12 | segment
+#: A receive of at most this many bytes that must wait for earlier messages (it overwrites
+#: data an earlier send still reads) is posted at once into scratch instead: point 3 above.
+EAGER_BYTES = 256 << 10
 
 
 class Workspace:
@@ -174,28 +183,38 @@ def run_pipelined(
 ) -> None:
     """Post every message as soon as its dependencies allow, across step boundaries.
 
-    Reduced data first lands in scratch (posted at once: no dependencies) and
-    is added into place when its turn comes. We always *wait* for the first
-    unfinished message in step order, so progress is exactly as safe as
-    playing the steps one by one; posting early only adds overlap: step
-    ``s + 1`` sends the first segment step ``s`` finished while the rest of
-    step ``s`` is still arriving (a pipelined ring, as in NCCL and gloo).
+    Reduced data, and small receives that would overwrite data still to be sent
+    (:data:`EAGER_BYTES`), first land in scratch (posted at once: nothing to wait for)
+    and are added or copied into place when their turn comes. We always *wait* for the
+    first unfinished message in step order, so progress is exactly as safe as playing
+    the steps one by one; posting early only adds overlap: step ``s + 1`` sends the
+    first segment step ``s`` finished while the rest of step ``s`` is still arriving (a
+    pipelined ring, as in NCCL and gloo).
     """
-    scratch_elems = sum(m.tensor.numel() for m in messages if m.kind == "recv" and m.reduce)
+    early = [m for m in messages if m.kind == "recv" and _lands_in_scratch(m, sample)]
+    scratch_elems = sum(m.tensor.numel() for m in early)
     scratch = workspace.get(scratch_elems, sample.dtype, sample.device) if scratch_elems else None
     used = 0
-    for m in messages:
-        if m.kind == "recv" and m.reduce:
-            m.landing = scratch[used : used + m.tensor.numel()]
-            used += m.tensor.numel()
-            m.work = dist.irecv(m.landing, m.peer, group, m.tag)
+    for m in early:
+        m.landing = scratch[used : used + m.tensor.numel()]
+        used += m.tensor.numel()
+        m.work = dist.irecv(m.landing, m.peer, group, m.tag)
     unposted = [m for m in messages if m.work is None]
     for m in messages:
         unposted = _post_ready(unposted, group)
         m.work.wait()  # m's dependencies come earlier in step order: all done by now
-        if m.kind == "recv" and m.reduce:
+        if m.reduce:
             combine_(m.tensor, m.landing, op)  # overlaps with messages still on the wire
+        elif m.landing is not None:
+            m.tensor.copy_(m.landing)  # an eager receive: into place, now that it may
         m.done = True
+
+
+def _lands_in_scratch(m: _Message, sample: torch.Tensor) -> bool:
+    """A receive posted at the start: one that reduces, or a small one that must otherwise
+    wait (point 3 of the module docstring)."""
+    small = m.tensor.numel() * sample.element_size() <= EAGER_BYTES
+    return m.reduce or (bool(m.after) and small)
 
 
 def _post_ready(unposted: list[_Message], group: Group) -> list[_Message]:

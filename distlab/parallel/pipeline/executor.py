@@ -238,16 +238,18 @@ _WHAT = {
 }
 
 
-def _weight_storages(module: torch.nn.Module) -> set[int]:
-    """The storages ``module``'s parameters live in at this moment, module by module (an
-    FSDP wrapper's ``parameters()`` are its shards; the wrapped modules' own parameters
-    are views into the unit's gathered buffer while it is gathered)."""
-    pointers = {
-        p.untyped_storage().data_ptr()
-        for mod in module.modules()
-        for p in mod.parameters(recurse=False)
-    }
-    return pointers - {0}
+def _own_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Every module's own parameters, module by module (an FSDP wrapper's ``parameters()``
+    are its shards; the wrapped modules' own parameters are views into the unit's gathered
+    buffer while it is gathered)."""
+    return [p for mod in module.modules() for p in mod.parameters(recurse=False)]
+
+
+def _weight_storages(params: list[torch.nn.Parameter]) -> set[int]:
+    """The storages ``params`` live in at this moment: FSDP frees a unit's gathered buffer
+    after its forward and gathers it again for the backward, so the objects stay and the
+    storages move."""
+    return {p.untyped_storage().data_ptr() for p in params} - {0}
 
 
 class _Runner:
@@ -352,6 +354,7 @@ class _Runner:
             x = self.received.pop(("act", c, i)).requires_grad_(True)
         saved: dict[int, tuple[torch.UntypedStorage, int]] = {}  # address -> (storage, bytes)
         chunk = self.stage.chunks[c]
+        params = _own_parameters(chunk)  # once per forward, not once per saved tensor
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             ptr = t.untyped_storage().data_ptr()
@@ -362,7 +365,7 @@ class _Runner:
             weight = (
                 ptr in self.model_state
                 or isinstance(t, torch.nn.Parameter)
-                or ptr in _weight_storages(chunk)
+                or ptr in _weight_storages(params)
             )
             if not weight:  # kept until the backward: while held, no other takes its address
                 storage = t.untyped_storage()
