@@ -92,7 +92,7 @@ def hierarchical_all_reduce(
     """
     from . import api
 
-    def schedule_for(n: int) -> CollectiveSchedule:
-        return hierarchical_all_reduce_schedule(n, ranks_per_node, variant)
-
-    api.all_reduce(schedule_for, "hierarchical_all_reduce", tensor, op, group)
+    api.all_reduce(
+        hierarchical_all_reduce_schedule, "hierarchical_all_reduce", tensor, op, group,
+        schedule_args=(ranks_per_node, variant),
+    )  # fmt: skip
