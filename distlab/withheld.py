@@ -154,29 +154,39 @@ class _Watch:
         self.calls = calls
         self.ran: list[str] = []
 
-    def __call__(self, frame, event, arg):
-        if event == "call":
-            name = self._name_of(frame.f_code)
-            if name is not None and name not in self.ran:
-                self.ran.append(name)
-                self.calls.append(name)
-        return self._previous(frame, event, arg) if self._previous else None
-
     def _name_of(self, code: types.CodeType) -> str | None:
-        """The withheld function ``code`` is (or copies), or None; each code object is
-        fingerprinted once (kept with its answer, so a recycled id cannot mislead)."""
-        seen = self._seen.get(id(code))
-        if seen is None or seen[0] is not code:
-            name = self.names.get(id(code)) or self.names.get(_fingerprint(code))
-            seen = self._seen[id(code)] = (code, name)
-        return seen[1]
+        """The withheld function ``code`` is (or copies), or None."""
+        return self.names.get(id(code)) or self.names.get(_fingerprint(code))
+
+    def _tracer(self) -> Callable:
+        """The trace function. It runs on every Python call inside the block, so it is a
+        plain function over local names (a method, with its attribute lookups, made the
+        tests of notebook 12 run twice as long), and each code object is looked at once:
+        ``innocent`` keeps, by id, the code objects that are neither a withheld function
+        nor a copy of one (the object itself, so that a recycled id cannot mislead)."""
+        innocent: dict[int, types.CodeType] = {}
+        name_of, ran, calls, previous = self._name_of, self.ran, self.calls, self._previous
+
+        def trace(frame, event, arg):
+            if event == "call":
+                code = frame.f_code
+                if innocent.get(id(code)) is not code:
+                    name = name_of(code)
+                    if name is None:
+                        innocent[id(code)] = code
+                    elif name not in ran:
+                        ran.append(name)
+                        calls.append(name)
+            return previous(frame, event, arg) if previous is not None else None
+
+        return trace
 
     def __enter__(self):
-        self._seen: dict[int, tuple[types.CodeType, str | None]] = {}
         self._previous = sys.gettrace()
         self._previous_threads = threading.gettrace()
-        sys.settrace(self)
-        threading.settrace(self)
+        trace = self._tracer()
+        sys.settrace(trace)
+        threading.settrace(trace)
         return self
 
     def __exit__(self, *exc):

@@ -171,6 +171,27 @@ def _store_port(rank, world_size):
     return os.environ["MASTER_PORT"]
 
 
+def test_the_parents_own_store_connection_is_not_timed_by_the_job(monkeypatch):
+    """The rendezvous store's server runs in the parent, which connects to it at once. Timed
+    by the job's timeout, that connection failed a 3-second job on a machine at load 25
+    (DistNetworkError, not the LaunchTimeoutError notebook 00's deadlock demo shows); it
+    gets the workers' own store timeout, and the job's deadline stays the job's."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    distlab.run(_store_port, 2)  # warm workers: the 3 s below time the job, not an import
+    made, real = [], dist.TCPStore
+
+    def recording_store(*args, **kwargs):
+        made.append(kwargs.get("timeout"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "TCPStore", recording_store)
+    assert distlab.run(_store_port, 2, timeout=3)  # the workers' stores: their own processes
+    assert made == [timedelta(seconds=worker.process_group_timeout(3))]
+
+
 @pytest.mark.slow
 def test_each_launch_gets_its_own_free_port():
     ports = {distlab.run(_store_port, 2)[0] for _ in range(3)}

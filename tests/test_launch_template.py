@@ -45,8 +45,9 @@ def _kernel(tmp_path, **env) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _template_pid() -> int:
-    """The template this process started: its child that runs distlab.launch.template."""
+def _children_commands() -> dict[int, bytes]:
+    """This process's children: pid -> command line."""
+    children = {}
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
@@ -56,9 +57,24 @@ def _template_pid() -> int:
                     parent = int(stat.read().rpartition(")")[2].split()[1])
             except OSError:
                 continue
-            if b"distlab.launch.template" in command and parent == os.getpid():
-                return int(pid)
-    raise AssertionError("no template process")
+            if parent == os.getpid():
+                children[int(pid)] = command
+    return children
+
+
+def _template_pid(within: float = 30) -> int:
+    """The template this process started: its child that runs distlab.launch.template. Looked
+    for again until ``within`` seconds have passed (a bound on the wait, not on the work: one
+    run of the slow tier, at load 25, once found none at the first look)."""
+    deadline = time.monotonic() + within
+    while True:
+        children = _children_commands()
+        found = [pid for pid, command in children.items() if b"distlab.launch.template" in command]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no template process among this process's children: {children}")
+        time.sleep(0.2)
 
 
 def _gone(pid: int, within: float) -> bool:

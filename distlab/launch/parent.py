@@ -45,7 +45,7 @@ from .errors import (
 )
 from .messages import Failure, Job, Output, Ping, Ready, Result
 from .starter import ForkedWorkerProcess, Starter
-from .worker import FINISHED_FRAME, WORKER_TAG_VAR, worker_tag
+from .worker import FINISHED_FRAME, WORKER_TAG_VAR, process_group_timeout, worker_tag
 
 DEFAULT_TIMEOUT = 120.0
 _MAX_IDLE_WORKERS = 8
@@ -135,13 +135,17 @@ def start_job(
 
     deadline = time.monotonic() + timeout
     payload = cloudpickle.dumps((fn, tuple(args)))
+    # The store's server runs in this process, which connects to it at once: that connection
+    # is not the job's to time. It gets the workers' own store timeout (on a machine at load
+    # 25 it took over 3 s, and the 3-second deadlock demo of notebook 00 failed with
+    # DistNetworkError instead of the LaunchTimeoutError it shows); `deadline` times the job.
     store = dist.TCPStore(
         "127.0.0.1",
         0,
         world_size,
         is_master=True,
         wait_for_workers=False,
-        timeout=timedelta(seconds=timeout),
+        timeout=timedelta(seconds=process_group_timeout(timeout)),
     )
     workers = _take_workers(world_size, warm, deadline)  # on any error it kills its own
     job = Job(
