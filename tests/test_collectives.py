@@ -358,3 +358,31 @@ def test_bench_times_with_and_without_the_header_in_the_same_run():
     builtin = [r for r in records if r["algorithm"] == "builtin"]
     assert [r["bytes"] for r in builtin] == [4096, 1 << 16] and "check" not in builtin[0]
     assert all(r["time_s"] > 0 for r in records)
+
+
+def _hierarchical_with(rank, world_size, ranks_per_node, variant):
+    import torch
+
+    from distlab.collectives.hierarchical import hierarchical_all_reduce
+
+    try:
+        hierarchical_all_reduce(torch.ones(4), ranks_per_node=ranks_per_node, variant=variant)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return "ran"
+
+
+@pytest.mark.parametrize(
+    "ranks_per_node,variant,message",
+    [
+        ([2], "leader", "ranks_per_node must be an integer >= 1, got [2]"),
+        (2, ["shard"], "variant must be 'leader' or 'shard', got ['shard']"),
+        (2, "leader", "ran"),
+    ],
+)
+def test_a_bad_hierarchical_setting_is_named_though_schedules_are_cached(
+    ranks_per_node, variant, message
+):
+    """Schedules are built once per process (api.cached_schedule): a list where a number
+    belongs is no cache key, and must still get the builder's own error, not 'unhashable'."""
+    assert distlab.run(_hierarchical_with, 2, args=(ranks_per_node, variant)) == [message] * 2

@@ -37,11 +37,21 @@ from .executor import DEFAULT_SEGMENT_BYTES, execute
 ScheduleFor = Callable[..., CollectiveSchedule]
 
 
-@functools.lru_cache(maxsize=256)
 def cached_schedule(schedule_for: ScheduleFor, *args) -> CollectiveSchedule:
     """``schedule_for(*args)``, built once per process and then reused: a schedule is
     frozen, and building one checks every step (a ring all-reduce on 8 ranks takes about
-    0.6 ms to build, longer than a small all-reduce takes on the wire)."""
+    0.6 ms to build, longer than a small all-reduce takes on the wire). Arguments that
+    cannot be a cache key (a list given as ``ranks_per_node``) go to ``schedule_for``
+    itself, whose check names them."""
+    try:
+        hash(args)
+    except TypeError:
+        return schedule_for(*args)
+    return _built_once(schedule_for, *args)
+
+
+@functools.lru_cache(maxsize=256)
+def _built_once(schedule_for: ScheduleFor, *args) -> CollectiveSchedule:
     return schedule_for(*args)
 
 
