@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from distlab.core.processes import parents
 from distlab.launch.starter import CAN_FORK, TEMPLATE_ENV_VAR
 from distlab.launch.template import hosting
 
@@ -46,19 +47,16 @@ def _kernel(tmp_path, **env) -> dict:
 
 
 def _children_commands() -> dict[int, bytes]:
-    """This process's children: pid -> command line."""
+    """This process's live children (:func:`distlab.core.processes.parents`): pid -> command
+    line."""
     children = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
+    for pid, parent in parents().items():
+        if parent == os.getpid():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                    command = cmdline.read()
-                with open(f"/proc/{pid}/stat") as stat:
-                    parent = int(stat.read().rpartition(")")[2].split()[1])
+                    children[pid] = cmdline.read()
             except OSError:
                 continue
-            if parent == os.getpid():
-                children[int(pid)] = command
     return children
 
 
