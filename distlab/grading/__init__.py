@@ -25,7 +25,9 @@ where the course's notebooks live):
 * :mod:`~distlab.grading.check`: ``distlab.check(...)``, one exercise's tests run in the
   notebook's live kernel (loaded only there: ``distlab.check`` imports it).
 
-Four more are loaded only where they are used: :mod:`~distlab.grading.execute`
+Five more are loaded only where they are used: :mod:`~distlab.grading.forked_kernel`
+(grading kernels forked from the template that imported torch, instead of started afresh),
+:mod:`~distlab.grading.execute`
 (nbgrader's Execute step that reports timeouts and dead kernels; it runs inside
 nbgrader and the exercise runner, and imports nbgrader),
 :mod:`~distlab.grading.kernel` (the exercise runner's kernel, started before nbgrader

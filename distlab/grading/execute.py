@@ -35,6 +35,7 @@ from nbgrader.utils import determine_grade
 from traitlets import Integer, default
 
 from distlab.grading.cells import TIMED_OUT, course_timeout, grade_id_of, is_graded
+from distlab.grading.forked_kernel import use_template_kernels
 from distlab.grading.sockets import use_private_sockets
 
 KERNEL_DIED = (
@@ -63,6 +64,7 @@ class GuardedExecute(Execute):
         (:func:`distlab.grading.sockets.use_private_sockets`)."""
         km = super().create_kernel_manager()
         use_private_sockets(km)
+        use_template_kernels(km, self.nb)
         return km
 
     @default("shutdown_kernel")

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distlab.grading.cells import is_graded
+from distlab.grading.forked_kernel import use_template_kernels
 from distlab.grading.slicing import leading_imports
 from distlab.grading.sockets import use_private_sockets
 from distlab.launch.template import hosting
@@ -107,6 +108,7 @@ def start_kernel(nb, folder: str) -> EarlyKernel:
     starter = NotebookClient(nb, resources={"metadata": {"path": folder}})
     starter.km = starter.create_kernel_manager()
     use_private_sockets(starter.km)
+    use_template_kernels(starter.km, nb)
     starter.start_new_kernel()
     # A session of its own: the kernel routes replies by the session id, and the Execute
     # step's client, made by the same manager, would otherwise share this one's.
@@ -145,8 +147,12 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     notebooks = [nbformat.read(run / RUN_NOTEBOOK, as_version=4) for run in args.runs]
     execute_file = None
-    # several kernels that start processes: their starters fork from one template
-    with hosting(len(notebooks) > 1 and any(calls_run(nb) for nb in notebooks)):
+    # several kernels, or one that starts processes: the kernels (and their worker starters)
+    # fork from one template, which imports torch once (distlab.grading.forked_kernel)
+    hosted = len(notebooks) > 1 or any(calls_run(nb) for nb in notebooks)
+    with hosting(hosted):
+        if hosted:  # nbgrader loads here while the template imports torch
+            from distlab.grading.execute import execute_file
         for run, nb in zip(args.runs, notebooks, strict=True):
             work = run / RUN_WORK
             os.chdir(work)  # the Execute step runs the notebook in the current folder

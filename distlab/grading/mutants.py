@@ -37,6 +37,7 @@ from typing import Self
 
 from distlab.core.course import released_notebook, source_notebook
 from distlab.grading.cells import failure, grade_id_of, is_graded
+from distlab.grading.forked_kernel import use_template_kernels
 from distlab.grading.slicing import cell_names, needed_cells
 from distlab.grading.sockets import use_private_sockets
 
@@ -110,9 +111,11 @@ class Kernel:
     solution again (so the next one starts from the solved state, as in the whole-notebook
     grade), and the solution must pass both before and after the mutants."""
 
-    def __init__(self, cwd: str, timeout: int = 120):
+    def __init__(self, cwd: str, timeout: int = 120, notebook=None):
         import nbformat
         from nbclient import NotebookClient
+
+        self._notebook = notebook  # the notebook whose cells it runs (how to start it)
 
         self.nb = nbformat.v4.new_notebook()
         self.nb.metadata = {
@@ -127,6 +130,7 @@ class Kernel:
     def __enter__(self) -> Self:
         self.client.km = self.client.create_kernel_manager()
         use_private_sockets(self.client.km)
+        use_template_kernels(self.client.km, self._notebook or self.nb)
         self._context = self.client.setup_kernel()
         self._context.__enter__()
         return self
@@ -251,7 +255,7 @@ def check_notebook(
     unknown = sorted(set(module.MUTANTS) - set(order))
     if unknown:
         raise ValueError(f"{mutants_file}: no solution cell {unknown} in the source of {name}")
-    with Kernel(cwd) as kernel:
+    with Kernel(cwd, notebook=source) as kernel:
         return {
             solution_id: check_solution_cell(
                 source,

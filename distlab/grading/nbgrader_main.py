@@ -87,6 +87,22 @@ def write_results(out: str, student: str, assignment: str, notebook: str, submit
     Path(out).write_text(json.dumps(results), encoding="utf-8")
 
 
+def _hosts_kernels(commands: list[list[str]], results: list[str] | None) -> bool:
+    """Whether the kernels nbgrader starts here fork from one template (which imports torch
+    once: :mod:`distlab.grading.forked_kernel`): when it grades a class, and for one
+    learner's notebook that starts processes (its kernel and its worker starter then share
+    one import of torch instead of making two)."""
+    if not any(c[:1] == ["autograde"] for c in commands):
+        return False
+    if results is None:
+        return True
+    import nbformat
+
+    from distlab.grading.kernel import calls_run
+
+    return calls_run(nbformat.read(results[4], as_version=4))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     results = None
@@ -96,8 +112,7 @@ def main(argv: list[str] | None = None) -> None:
 
     api.get_alembic_version = alembic_head  # nbgrader calls it when it creates a gradebook
     commands = split_commands(argv)
-    # grading a class (not one learner's notebook): its kernels' starters fork from one template
-    with hosting(results is None and any(c[:1] == ["autograde"] for c in commands)):
+    with hosting(_hosts_kernels(commands, results)):
         for command in commands:
             run_command(command)
     if results:

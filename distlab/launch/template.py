@@ -1,4 +1,4 @@
-"""Fork each kernel's worker starter from one process that imported torch once.
+"""Fork each kernel's worker starter, and the grader's kernels, from one process that imported torch once.
 
 Every process that calls ``distlab.run`` keeps a *starter* (:mod:`distlab.launch.starter`):
 a fresh Python that imports torch.distributed and torch._dynamo (about 5 s of CPU on a
@@ -26,9 +26,17 @@ import is shared. The conversation:
   starter's loop (:func:`distlab.launch.starter.serve`) on the same socket. The starter
   exits when the kernel closes it (the kernel ended, however), and its workers follow.
 
-The template exits when the process that started it ends; if that process was killed before
-it could clean up, the template removes its socket (and the folder :func:`hosting` made for
-it, once empty) on its way out. Linux only, as the starter.
+The same template forks the host's grading **kernels** too (:mod:`distlab.grading.forked_kernel`):
+a kernel manager set up for it sends ``["kernel", command, environment, cwd]`` with the
+kernel's stdin, stdout and stderr; the template answers ``["refused", why]`` (the kernel then
+starts the usual way) or forks, sends ``["forked", pid]`` with a pidfd of the child, and
+keeps the socket to report ``["exited", code]`` when it reaps it. The child becomes the
+kernel (:func:`distlab.grading.forked_kernel.become_kernel`), which finds torch imported.
+
+The template exits when the process that started it ends (the kernels it forked die with
+it); if that process was killed before it could clean up, the template removes its socket
+(and the folder :func:`hosting` made for it, once empty) on its way out. Linux only, as the
+starter.
 """
 
 from __future__ import annotations
@@ -107,13 +115,30 @@ def hosting(wanted: bool = True) -> Iterator[None]:
             if inherited is not None:
                 os.environ[TEMPLATE_ENV_VAR] = inherited
         return
-    folder = tempfile.mkdtemp(prefix="distlab-template-")
+    folder = _socket_folder()
+    if folder is None:  # no folder with a path short enough for a socket: no template
+        with hosting(False):
+            yield
+        return
     process = start_template(folder)
     try:
         yield
     finally:
         stop_template(process)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _socket_folder() -> str | None:
+    """A fresh private folder for the template's socket, in the temporary folder, or in
+    ``/tmp`` where that one's path is too long for a Unix socket (a grading run's own
+    temporary folder can be); None where neither is short enough."""
+    from distlab.grading.sockets import MAX_SOCKET_PATH  # the limit, stated once
+
+    for parent in (tempfile.gettempdir(), "/tmp"):
+        room = len(os.fsencode(os.path.join(parent, "distlab-template-12345678", SOCKET_NAME)))
+        if room <= MAX_SOCKET_PATH and os.path.isdir(parent):
+            return tempfile.mkdtemp(prefix="distlab-template-", dir=parent)
+    return None
 
 
 # --------------------------------------------------------------- the template's side ---
@@ -126,16 +151,21 @@ def main(fd: int) -> None:
     wake_read, wake_write = wake_on_sigchld()  # to reap the starters as they end
     for module in PRELOADED:
         importlib.import_module(module)
+    forking = _kernel_forking()
     mine = _read_at_import()
+    kernels: dict[int, socket.socket] = {}  # a forked kernel's pid -> where its exit goes
     while True:
         ready, _, _ = select.select([listener, wake_read], [], [], 0.5)
         if wake_read in ready:
             os.read(wake_read, 512)
-        for _ in ended_children():  # reaped: nobody waits for a starter's exit code here
-            pass
+        for pid, code in ended_children():  # a starter's exit code: nobody waits for it
+            if pid in kernels:
+                conn = kernels.pop(pid)
+                _answer(conn, ["exited", code])
+                conn.close()
         if os.getppid() != host:  # the host ended; if it was killed, nobody cleaned up
             _remove_socket(listener)
-            os._exit(0)
+            os._exit(0)  # the kernels forked here die with this process (PR_SET_PDEATHSIG)
         if listener not in ready:
             continue
         try:
@@ -144,18 +174,87 @@ def main(fd: int) -> None:
             continue
         fds: list[int] = []
         try:
-            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
-            _, variables, cwd = json.loads(message)
-            if variables != mine or len(fds) != 2:
-                changed = sorted(k for k in {*variables, *mine} if variables.get(k) != mine.get(k))
-                _answer(conn, ["refused", f"variables read at import differ: {changed}"])
-            elif os.fork() == 0:
-                _become_starter(listener, (wake_read, wake_write), conn, fds, cwd)
-        except (OSError, ValueError, TypeError, AttributeError) as error:  # garbled, or no fork
-            _answer(conn, ["refused", str(error)])
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
+            request = json.loads(message)
+            if request[0] == "kernel":
+                inherited = (listener, (wake_read, wake_write), kernels)
+                pid = _fork_kernel(forking, request, fds, mine, conn, inherited)
+                if pid is not None:
+                    kernels[pid] = conn
+                    conn = None  # kept open: the kernel's exit code goes there
+            else:
+                _, variables, cwd = request
+                if variables != mine or len(fds) != 2:
+                    changed = sorted(
+                        k for k in {*variables, *mine} if variables.get(k) != mine.get(k)
+                    )
+                    _answer(conn, ["refused", f"variables read at import differ: {changed}"])
+                elif os.fork() == 0:
+                    _close_kernel_sockets(kernels)
+                    _become_starter(listener, (wake_read, wake_write), conn, fds, cwd)
+        except (OSError, ValueError, TypeError, AttributeError, IndexError) as error:
+            _answer(conn, ["refused", str(error)])  # garbled, or no fork
         for end in fds:
             os.close(end)
+        if conn is not None:
+            conn.close()
+
+
+def _kernel_forking():
+    """:mod:`distlab.grading.forked_kernel` with the kernel's modules imported, or None
+    where kernels cannot be forked here (no ipykernel installed)."""
+    try:
+        from distlab.grading import forked_kernel
+
+        for module in forked_kernel.KERNEL_PRELOADED:
+            importlib.import_module(module)
+    except ImportError:
+        return None
+    return forked_kernel
+
+
+def _close_kernel_sockets(kernels: dict[int, socket.socket]) -> None:
+    """In a forked child: close its copies of the sockets the forked kernels' exit codes
+    go to (only the template answers there)."""
+    for conn in kernels.values():
         conn.close()
+
+
+def _fork_kernel(forking, request, fds, mine, conn, inherited) -> int | None:
+    """Answer a ``["kernel", cmd, env, cwd]`` request (fds: the kernel's stdin, stdout
+    and stderr): fork the kernel and send ``["forked", pid]`` with a pidfd of it, or
+    ``["refused", why]``. The pid when forked. ``inherited``: the template's listener,
+    wake-up pipe and kernel sockets, closed in the child."""
+    _, cmd, env, cwd = request
+    why = "no ipykernel here" if forking is None else forking.refusal(cmd, env, mine)
+    if why is None and len(fds) != 3:
+        why = f"{len(fds)} standard streams given, not 3"
+    if why is not None:
+        _answer(conn, ["refused", why])
+        return None
+    pid = os.fork()
+    if pid == 0:
+        listener, pipes, kernels = inherited
+        try:
+            listener.close()
+            conn.close()
+            _close_kernel_sockets(kernels)
+            forget_sigchld()
+            for end in pipes:
+                os.close(end)
+            # ends in SystemExit, through the interpreter's shutdown, as a kernel's own exit
+            forking.become_kernel(cmd, env, cwd, fds)
+        except Exception:  # noqa: BLE001 - whatever it was, the child must not become a template
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+    pidfd = os.pidfd_open(pid)  # before this loop may reap it: it can only name the kernel
+    try:
+        socket.send_fds(conn, [json.dumps(["forked", pid]).encode()], [pidfd])
+    finally:
+        os.close(pidfd)
+    return pid
 
 
 def _remove_socket(listener: socket.socket) -> None:
