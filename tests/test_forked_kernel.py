@@ -102,8 +102,14 @@ def test_exit_codes_interrupts_and_a_dead_kernel_as_from_a_child(tmp_path):
     with hosting(), Kernel(str(tmp_path), notebook=NOTEBOOK, timeout=300) as kernel:
         km = kernel.client.km
         kc = kernel.client.kc
-        sent = kc.execute("print('sleeping', flush=True); import time; time.sleep(120)")
-        _until(kc.get_iopub_msg, sent, lambda m: m["content"].get("text") == "sleeping\n")
+        # the cell says it runs with a file, not with output: an interrupt that lands in
+        # ipykernel's own output code (a print's flush) can leave that kernel unable to go on
+        flag = tmp_path / "running"
+        sent = kc.execute(f"open({str(flag)!r}, 'w').close(); import time; time.sleep(120)")
+        for _ in range(600):  # at most 60 s
+            if flag.exists():
+                break
+            time.sleep(0.1)
         run_sync(km.interrupt_kernel)()  # what a cell's timeout sends
         reply = _until(kc.get_shell_msg, sent, lambda m: True)
         assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
