@@ -14,6 +14,7 @@ import time
 
 import nbformat
 import pytest
+from process_waits import gone
 
 from distlab.grading.forked_kernel import ForkedKernel, changes_its_environment
 from distlab.grading.mutants import Kernel
@@ -37,19 +38,6 @@ def _who(kernel: Kernel) -> dict:
     return json.loads(next(o["text"] for o in outputs if o.get("name") == "stdout"))
 
 
-def _gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @SLOW
 def test_a_hosted_kernel_is_the_templates_fork_and_the_kernel_a_launch_would_be(tmp_path):
     fresh_dir, forked_dir = tmp_path / "fresh", tmp_path / "forked"
@@ -66,7 +54,7 @@ def test_a_hosted_kernel_is_the_templates_fork_and_the_kernel_a_launch_would_be(
             forked_path = kernel.run("import sys; print(sys.path)")[0]["text"]
             ranks = kernel.run("import distlab; print(distlab.run(lambda r, w: r * 10, 2))")
             assert ranks[0]["text"] == "[0, 10]\n", ranks
-        assert process.poll() is not None and _gone(forked["pid"], within=30)
+        assert process.poll() is not None and gone(forked["pid"], within=30)
     assert forked["torch_loaded"] and not fresh["torch_loaded"]
     assert forked["parent"] != os.getpid() and fresh["parent"] == os.getpid()
     for who, folder in ((fresh, fresh_dir), (forked, forked_dir)):
@@ -161,8 +149,8 @@ def test_a_killed_host_leaves_no_kernel(tmp_path):
         assert template != host.pid, "the kernel was not forked by the template"
         os.kill(host.pid, signal.SIGKILL)
         # the template sees its host gone within 0.5 s and exits; the kernel dies with it
-        assert _gone(template, within=30), "the template outlived its host"
-        assert _gone(kernel, within=30), "the kernel outlived its template"
+        assert gone(template, within=30), "the template outlived its host"
+        assert gone(kernel, within=30), "the kernel outlived its template"
     finally:
         host.kill()
         host.wait()

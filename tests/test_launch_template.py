@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from process_waits import gone
 
 from distlab.core.processes import parents
 from distlab.launch.starter import CAN_FORK, TEMPLATE_ENV_VAR
@@ -75,19 +76,6 @@ def _template_pid(within: float = 30) -> int:
         time.sleep(0.2)
 
 
-def _gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within  # a bound on the wait, not on the work: 0.5 s polls
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @SLOW
 def test_each_kernel_gets_a_starter_of_its_own_forked_by_the_template(tmp_path):
     with hosting():
@@ -103,7 +91,7 @@ def test_each_kernel_gets_a_starter_of_its_own_forked_by_the_template(tmp_path):
         assert [tuple(r) for r in run["ranks"]] == [(str(tmp_path), run["starter"])] * 2
     assert first["starter"] != second["starter"], "two kernels shared one starter"
     assert own["starter_parent"] != template, own
-    assert _gone(template, within=10), "the template outlived hosting()"
+    assert gone(template, within=10), "the template outlived hosting()"
 
 
 HOST = r"""
@@ -138,9 +126,9 @@ def test_the_starter_ends_with_its_kernel_and_the_template_with_its_host(tmp_pat
         template, starter, kernel = report["starter_parent"], report["starter"], report["pid"]
         folder = os.path.dirname(report["socket"])
         os.kill(kernel, signal.SIGKILL)  # the kernel dies without a word
-        assert _gone(starter, within=30), "the starter outlived its kernel"
+        assert gone(starter, within=30), "the starter outlived its kernel"
         os.kill(host.pid, signal.SIGKILL)  # and so does the host
-        assert _gone(template, within=30), "the template outlived its host"
+        assert gone(template, within=30), "the template outlived its host"
         assert not os.path.exists(folder), "the killed host's template folder was left behind"
     finally:
         host.kill()
@@ -160,7 +148,7 @@ def test_a_garbled_hello_is_refused_and_the_template_serves_on(tmp_path):
             answer = json.loads(sock.recv(4096))
             sock.close()
             assert answer[0] == "refused", (hello, answer)
-        assert not _gone(template, within=0.5), "a garbled hello ended the template"
+        assert not gone(template, within=0.5), "a garbled hello ended the template"
         assert _kernel(tmp_path)["starter_parent"] == template
 
 

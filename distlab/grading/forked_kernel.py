@@ -6,8 +6,8 @@ Grading a class starts one kernel per notebook, and ``distlab grade --exercise``
 exercise, so on a 2-core laptop the imports cost more than most notebooks' cells.
 
 A process that hosts kernels already keeps a template (:mod:`distlab.launch.template`)
-that imported torch for the kernels' worker starters. It imports ipykernel too
-(:data:`KERNEL_PRELOADED`), and a kernel manager set up by :func:`use_template_kernels`
+that imported torch for the kernels' worker starters. A kernel manager set up by
+:func:`use_template_kernels`
 asks it for each kernel: the template forks, and the child becomes the kernel that
 ``python -m ipykernel_launcher`` would have been (:func:`become_kernel`): the same
 arguments, environment, working folder, ``sys.path`` and standard streams, in a session
@@ -21,7 +21,9 @@ What makes the fork the same kernel:
 * a notebook that changes its environment variables (notebook 11 sets the profiler's log
   level before ``import torch``) always runs in a fresh kernel: in a fork torch would
   have loaded before the cell ran (:func:`changes_its_environment`);
-* the template runs no torch code before it forks, so no thread pool is copied half-way.
+* the template runs no torch code before it forks, so no thread pool is copied half-way;
+* ipykernel is not loaded in the template: it reads a variable the kernel's launch sets
+  (``JPY_PARENT_PID``) when it is imported, so each kernel imports it (about 0.6 s).
 
 The kernel's handle (:class:`ForkedKernel`) is what jupyter_client uses of a
 :class:`subprocess.Popen`: the template reports the kernel's exit code on the socket the
@@ -45,16 +47,11 @@ import sys
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from distlab.launch.starter import CAN_FORK, READ_AT_IMPORT, TEMPLATE_ENV_VAR
+from distlab.launch.starter import CAN_FORK, TEMPLATE_ENV_VAR, _read_at_import, differing
 
 #: The name this module's provisioner is registered under (``pyproject.toml``'s
 #: ``jupyter_client.kernel_provisioners`` entry point).
 PROVISIONER = "distlab-template-kernel"
-
-#: What the template imports for the kernels it forks, besides a starter's imports (torch):
-#: nothing. ipykernel reads variables the kernel's launch sets (``JPY_PARENT_PID``) when it
-#: is imported, so each kernel imports it itself, with its own environment (about 0.6 s).
-KERNEL_PRELOADED: tuple[str, ...] = ()
 
 #: The command a forked kernel stands for: ``<this python> -m ipykernel_launcher ...``.
 LAUNCHER = ["-m", "ipykernel_launcher"]
@@ -147,13 +144,15 @@ class ForkedKernel:
             message = None
         ok = isinstance(message, list) and message[:1] == ["exited"]
         self.returncode = int(message[1]) if ok else -signal.SIGKILL
+        self._close()
+
+    def _close(self) -> None:
         self._sock.close()
         os.close(self._pidfd)
 
     def __del__(self) -> None:
         if self.returncode is None:
-            self._sock.close()
-            os.close(self._pidfd)
+            self._close()
 
 
 def fork_kernel(cmd: list[str], **kwargs) -> ForkedKernel | None:
@@ -202,9 +201,8 @@ def refusal(cmd: list[str], env: dict[str, str], loaded_with: dict[str, str]) ->
         return f"not an ipykernel launch: {cmd[1:3]}"
     if not hasattr(os, "pidfd_open"):
         return "no pidfd on this system"
-    wanted = {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT)}
-    if wanted != loaded_with:
-        changed = sorted(k for k in {*wanted, *loaded_with} if wanted.get(k) != loaded_with.get(k))
+    changed = differing(_read_at_import(env), loaded_with)
+    if changed:
         return f"variables read at import differ: {changed}"
     return None
 

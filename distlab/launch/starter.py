@@ -60,8 +60,15 @@ READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "KINETO_", "TORC
                   "TORCH_SHOW_CPP", "TORCH_LOGS", "LD_", "PYTHON")  # fmt: skip
 
 
-def _read_at_import() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(READ_AT_IMPORT)}
+def _read_at_import(environment=None) -> dict[str, str]:
+    """The variables of ``environment`` (default: this process's) read at import."""
+    environment = os.environ if environment is None else environment
+    return {k: v for k, v in environment.items() if k.startswith(READ_AT_IMPORT)}
+
+
+def differing(one: dict[str, str], other: dict[str, str]) -> list[str]:
+    """The names whose values differ between two sets of variables, sorted."""
+    return sorted(k for k in {*one, *other} if one.get(k) != other.get(k))
 
 
 #: Set by a process that hosts many kernels (:mod:`distlab.launch.template`): the path of

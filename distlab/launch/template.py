@@ -59,6 +59,7 @@ from .starter import (
     PRELOADED,
     TEMPLATE_ENV_VAR,
     _read_at_import,
+    differing,
     ended_children,
     forget_sigchld,
     serve,
@@ -185,9 +186,7 @@ def main(fd: int) -> None:
             else:
                 _, variables, cwd = request
                 if variables != mine or len(fds) != 2:
-                    changed = sorted(
-                        k for k in {*variables, *mine} if variables.get(k) != mine.get(k)
-                    )
+                    changed = differing(variables, mine)
                     _answer(conn, ["refused", f"variables read at import differ: {changed}"])
                 elif os.fork() == 0:
                     _close_kernel_sockets(kernels)
@@ -205,9 +204,6 @@ def _kernel_forking():
     where kernels cannot be forked here (no ipykernel installed)."""
     try:
         from distlab.grading import forked_kernel
-
-        for module in forked_kernel.KERNEL_PRELOADED:
-            importlib.import_module(module)
     except ImportError:
         return None
     return forked_kernel
