@@ -9,7 +9,8 @@ A process that hosts kernels already keeps a template (:mod:`distlab.launch.temp
 that imported torch for the kernels' worker starters. A kernel manager set up by
 :func:`use_template_kernels`
 asks it for each kernel: the template forks, and the child becomes the kernel that
-``python -m ipykernel_launcher`` would have been (:func:`become_kernel`): the same
+``python -m ipykernel_launcher`` would have been
+(:func:`distlab.launch.kernel_child.become_kernel`): the same
 arguments, environment, working folder, ``sys.path`` and standard streams, in a session
 of its own. Importing torch in its first cell then finds torch loaded.
 
@@ -17,7 +18,8 @@ What makes the fork the same kernel:
 
 * the template refuses (and the kernel starts the usual way) unless the command is this
   Python's ``-m ipykernel_launcher`` and every variable read when torch or Python loads
-  (:data:`distlab.launch.starter.READ_AT_IMPORT`) is what the template loaded with;
+  (:data:`distlab.launch.starter.READ_AT_IMPORT`) is what the template loaded with
+  (:func:`distlab.launch.kernel_child.refusal`);
 * a notebook that changes its environment variables (notebook 11 sets the profiler's log
   level before ``import torch``) always runs in a fresh kernel: in a fork torch would
   have loaded before the cell ran (:func:`changes_its_environment`);
@@ -47,14 +49,11 @@ import sys
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from distlab.launch.starter import CAN_FORK, TEMPLATE_ENV_VAR, _read_at_import, differing
+from distlab.launch.starter import CAN_FORK, TEMPLATE_ENV_VAR
 
 #: The name this module's provisioner is registered under (``pyproject.toml``'s
 #: ``jupyter_client.kernel_provisioners`` entry point).
 PROVISIONER = "distlab-template-kernel"
-
-#: The command a forked kernel stands for: ``<this python> -m ipykernel_launcher ...``.
-LAUNCHER = ["-m", "ipykernel_launcher"]
 
 #: A code cell that sets, updates or removes an environment variable.
 _CHANGES_ENVIRONMENT = re.compile(
@@ -189,49 +188,3 @@ def fork_kernel(cmd: list[str], **kwargs) -> ForkedKernel | None:
         os.close(fd)
     sock.close()
     return None
-
-
-# --------------------------------------------------------------- the template's side ---
-def refusal(cmd: list[str], env: dict[str, str], loaded_with: dict[str, str]) -> str | None:
-    """Why the template cannot fork the kernel ``cmd`` with ``env`` (None: it can).
-    ``loaded_with``: the template's own variables read at import."""
-    if not (cmd[:1] and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)):
-        return f"another Python: {cmd[:1]}"
-    if cmd[1:3] != LAUNCHER:
-        return f"not an ipykernel launch: {cmd[1:3]}"
-    if not hasattr(os, "pidfd_open"):
-        return "no pidfd on this system"
-    changed = differing(_read_at_import(env), loaded_with)
-    if changed:
-        return f"variables read at import differ: {changed}"
-    return None
-
-
-def become_kernel(cmd: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> None:
-    """In the template's forked child: become ``cmd``'s kernel and run it; never returns.
-
-    A session of its own (``start_new_session``, as jupyter_client starts kernels); killed
-    when the template ends; the given stdin, stdout and stderr; the folder and environment
-    asked for; ``sys.argv`` and ``sys.path[0]`` as ``python -m ipykernel_launcher`` sets
-    them. The kernel's own exit (``SystemExit``) ends the process as it would a fresh one,
-    through the interpreter's shutdown (atexit handlers run)."""
-    import ctypes
-    import importlib.util
-    import runpy
-
-    template = os.getppid()
-    os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != template:  # the template ended before the line above
-        os._exit(1)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    sys.argv = [importlib.util.find_spec("ipykernel_launcher").origin, *cmd[3:]]
-    if sys.path[:1] == [""]:  # the template's `-c`; `python -m` puts the folder itself first
-        sys.path[0] = os.getcwd()
-    runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
-    raise SystemExit(0)

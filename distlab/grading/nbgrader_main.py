@@ -29,6 +29,9 @@ import json
 import sys
 from pathlib import Path
 
+import nbformat
+
+from distlab.grading.kernel import calls_run
 from distlab.grading.run import RESULTS, THEN
 from distlab.grading.whole import edited_test_cells, gradebook_scores
 from distlab.launch.template import hosting
@@ -96,10 +99,6 @@ def _hosts_kernels(commands: list[list[str]], results: list[str] | None) -> bool
         return False
     if results is None:
         return True
-    import nbformat
-
-    from distlab.grading.kernel import calls_run
-
     return calls_run(nbformat.read(results[4], as_version=4))
 
 

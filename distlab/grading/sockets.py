@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 
-#: The longest Unix socket path used: ``sun_path`` holds 108 bytes on Linux, 104 on macOS.
-MAX_SOCKET_PATH = 100
+from distlab.launch.template import MAX_SOCKET_PATH  # the limit, stated once
 
 
 def use_private_sockets(km) -> None:

@@ -49,7 +49,10 @@ The modules, in reading order (each reads on its own):
 ``worker``    the worker process: its loop, and running one job as one rank
 ``errors``    :class:`RankError`, :class:`LaunchTimeoutError`, what each rank did
 ``starter``   forking ready workers from one process that imported torch (Linux)
-``proc``      the members of a process group, read from ``/proc``
+``template``  one process that imported torch, forking a starter for each kernel (and
+              the grader's kernels themselves) where many kernels run
+``kernel_child`` a fork of the template becoming a Jupyter kernel: checked, then set up
+              as ``python -m ipykernel_launcher`` would be
 ``torchrun``  :func:`init`
 
 ``import distlab.launch`` does not import torch: ``run`` imports it when called, and a

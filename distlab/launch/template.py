@@ -31,7 +31,7 @@ a kernel manager set up for it sends ``["kernel", command, environment, cwd]`` w
 kernel's stdin, stdout and stderr; the template answers ``["refused", why]`` (the kernel then
 starts the usual way) or forks, sends ``["forked", pid]`` with a pidfd of the child, and
 keeps the socket to report ``["exited", code]`` when it reaps it. The child becomes the
-kernel (:func:`distlab.grading.forked_kernel.become_kernel`), which finds torch imported.
+kernel (:mod:`distlab.launch.kernel_child`), which finds torch imported.
 
 The template exits when the process that started it ends (the kernels it forked die with
 it); if that process was killed before it could clean up, the template removes its socket
@@ -54,6 +54,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import kernel_child
 from .starter import (
     CAN_FORK,
     PRELOADED,
@@ -67,6 +68,9 @@ from .starter import (
 )
 
 SOCKET_NAME = "starter-template.sock"
+
+#: The longest Unix socket path used: ``sun_path`` holds 108 bytes on Linux, 104 on macOS.
+MAX_SOCKET_PATH = 100
 
 
 # ------------------------------------------------------------------ the host's side ---
@@ -133,8 +137,6 @@ def _socket_folder() -> str | None:
     """A fresh private folder for the template's socket, in the temporary folder, or in
     ``/tmp`` where that one's path is too long for a Unix socket (a grading run's own
     temporary folder can be); None where neither is short enough."""
-    from distlab.grading.sockets import MAX_SOCKET_PATH  # the limit, stated once
-
     for parent in (tempfile.gettempdir(), "/tmp"):
         room = len(os.fsencode(os.path.join(parent, "distlab-template-12345678", SOCKET_NAME)))
         if room <= MAX_SOCKET_PATH and os.path.isdir(parent):
@@ -152,7 +154,7 @@ def main(fd: int) -> None:
     wake_read, wake_write = wake_on_sigchld()  # to reap the starters as they end
     for module in PRELOADED:
         importlib.import_module(module)
-    forking = _kernel_forking()
+    no_kernels = kernel_child.prepare()  # why kernels cannot be forked here, or None
     mine = _read_at_import()
     kernels: dict[int, socket.socket] = {}  # a forked kernel's pid -> where its exit goes
     while True:
@@ -179,7 +181,7 @@ def main(fd: int) -> None:
             request = json.loads(message)
             if request[0] == "kernel":
                 inherited = (listener, (wake_read, wake_write), kernels)
-                pid = _fork_kernel(forking, request, fds, mine, conn, inherited)
+                pid = _fork_kernel(no_kernels, request, fds, mine, conn, inherited)
                 if pid is not None:
                     kernels[pid] = conn
                     conn = None  # kept open: the kernel's exit code goes there
@@ -199,16 +201,6 @@ def main(fd: int) -> None:
             conn.close()
 
 
-def _kernel_forking():
-    """:mod:`distlab.grading.forked_kernel` with the kernel's modules imported, or None
-    where kernels cannot be forked here (no ipykernel installed)."""
-    try:
-        from distlab.grading import forked_kernel
-    except ImportError:
-        return None
-    return forked_kernel
-
-
 def _close_kernel_sockets(kernels: dict[int, socket.socket]) -> None:
     """In a forked child: close its copies of the sockets the forked kernels' exit codes
     go to (only the template answers there)."""
@@ -216,13 +208,13 @@ def _close_kernel_sockets(kernels: dict[int, socket.socket]) -> None:
         conn.close()
 
 
-def _fork_kernel(forking, request, fds, mine, conn, inherited) -> int | None:
+def _fork_kernel(no_kernels, request, fds, mine, conn, inherited) -> int | None:
     """Answer a ``["kernel", cmd, env, cwd]`` request (fds: the kernel's stdin, stdout
     and stderr): fork the kernel and send ``["forked", pid]`` with a pidfd of it, or
     ``["refused", why]``. The pid when forked. ``inherited``: the template's listener,
     wake-up pipe and kernel sockets, closed in the child."""
     _, cmd, env, cwd = request
-    why = "no ipykernel here" if forking is None else forking.refusal(cmd, env, mine)
+    why = no_kernels or kernel_child.refusal(cmd, env, mine)
     if why is None and len(fds) != 3:
         why = f"{len(fds)} standard streams given, not 3"
     if why is not None:
@@ -239,7 +231,7 @@ def _fork_kernel(forking, request, fds, mine, conn, inherited) -> int | None:
             for end in pipes:
                 os.close(end)
             # ends in SystemExit, through the interpreter's shutdown, as a kernel's own exit
-            forking.become_kernel(cmd, env, cwd, fds)
+            kernel_child.become_kernel(cmd, env, cwd, fds)
         except Exception:  # noqa: BLE001 - whatever it was, the child must not become a template
             import traceback
 
