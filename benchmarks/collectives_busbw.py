@@ -5,6 +5,10 @@
     python benchmarks/collectives_busbw.py --all                 # every collective
 
 Prints the nccl-tests-style tables of `distlab bench`, then, measured in this run:
+the algorithms of a world size are timed side by side in one job, in 7 rounds of
+alternating blocks, each time the median of its blocks (``run_bench(side_by_side=True)``:
+on a 2-core machine one job after another differed by up to 3x where the algorithms did
+not; ``--one-job-each`` times them as ``distlab bench`` does);
 
 * every algorithm's busbw divided by the built-in's, per world size and size (the ring's
   targets: >= 0.9x from 1 MiB up, >= 0.5x below);
@@ -31,6 +35,11 @@ def main() -> None:
         "--check", choices=["on", "off", "both"], default="on",
         help="the agreement header: on (as users run it), off, or both side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--one-job-each", action="store_true",
+        help="time each algorithm in a job of its own, one after the other (as `distlab bench`), "
+        "instead of side by side in one job per world size, alternating, median of 7 rounds",
+    )  # fmt: skip
     args = parser.parse_args()
     collectives = list(ALGORITHMS) if args.all else ["all_reduce"]
     algorithms = [a for a in args.algorithms.split(",") if a]
@@ -41,7 +50,7 @@ def main() -> None:
     records = []
     for record in run_bench(
         world_sizes=world_sizes, collectives=collectives, algorithms=named, sizes=SIZES,
-        check=check,
+        check=check, side_by_side=not args.one_job_each,
     ):  # fmt: skip
         if record["algorithm"] == "builtin":  # it has no header: the same record serves both
             records += [{**record, "check": True}, {**record, "check": False}]

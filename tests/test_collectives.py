@@ -386,3 +386,33 @@ def test_a_bad_hierarchical_setting_is_named_though_schedules_are_cached(
     """Schedules are built once per process (api.cached_schedule): a list where a number
     belongs is no cache key, and must still get the builder's own error, not 'unhashable'."""
     assert distlab.run(_hierarchical_with, 2, args=(ranks_per_node, variant)) == [message] * 2
+
+
+def test_bench_side_by_side_times_every_algorithm_in_one_job():
+    """``run_bench(side_by_side=True)`` (benchmarks/collectives_busbw.py): the algorithms of a
+    world size share one job, in alternating rounds, with and without the header for
+    distlab's; one record per (algorithm, size[, header]), each the median of its rounds."""
+    from distlab.commands import bench
+
+    calls = []
+    real_run = bench.run
+
+    def counting_run(fn, n, **kwargs):
+        calls.append((fn.__name__, n))
+        return real_run(fn, n, **kwargs)
+
+    bench.run = counting_run
+    try:
+        records = bench.run_bench(
+            world_sizes=(2,), algorithms=["builtin", "ring", "tree"], sizes=[4096, 1 << 16],
+            iters=2, check=bench.BOTH, side_by_side=True,
+        )  # fmt: skip
+    finally:
+        bench.run = real_run
+    assert calls == [("_side_by_side_worker", 2)]
+    keys = sorted((r["algorithm"], r["bytes"], r.get("check")) for r in records)
+    assert keys == sorted(
+        [("builtin", b, None) for b in (4096, 1 << 16)]
+        + [(a, b, c) for a in ("ring", "tree") for b in (4096, 1 << 16) for c in (True, False)]
+    )
+    assert all(r["time_s"] > 0 and r["busbw_GBps"] > 0 for r in records)

@@ -123,6 +123,22 @@ def _time_op(op, repeat: int, sync) -> float:
     return (time.perf_counter() - start) / repeat
 
 
+def _set_up(rank: int, backend: str, dtype_name: str):
+    """(device, dtype, sync) for a benchmark worker; ``sync()`` waits for the device and
+    for every rank."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+
+    def sync():
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        dist.barrier()
+
+    return device, getattr(torch, dtype_name), sync
+
+
 def _bench_worker(
     rank,
     world_size,
@@ -147,14 +163,7 @@ def _bench_worker(
 
     from distlab.collectives.agree import unchecked
 
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    dtype = getattr(torch, dtype_name)
-
-    def sync():
-        if backend == "nccl":
-            torch.cuda.synchronize()
-        dist.barrier()
-
+    device, dtype, sync = _set_up(rank, backend, dtype_name)
     both = check == BOTH and algorithm != "builtin"  # a built-in has no header to leave out
     records = []
     for size in sizes:
@@ -202,6 +211,65 @@ def _time_with_and_without_header(op, repeat: int, sync, blocks: int = 5) -> tup
         with unchecked():
             off += _time_op(op, per_block, sync)
     return on / blocks, off / blocks
+
+
+#: ``side_by_side=True``: rounds of alternating blocks per size; a time is their median
+ROUNDS = 7
+
+
+def _side_by_side_worker(
+    rank, world_size, collective, algorithms, sizes, dtype_name, iters, backend,
+    ranks_per_node, check,
+):  # fmt: skip
+    """Runs on every rank: every algorithm of ``algorithms`` at each size, in the same
+    processes, timed in :data:`ROUNDS` rounds; each round times one block (``iters`` calls)
+    of each
+    algorithm in turn (and, with ``check=BOTH``, each of distlab's with and without the
+    header), so a change in the machine's load during the run shifts all of them alike.
+    A block's time is the slowest rank's; an algorithm's time is the median of its
+    blocks' (a burst of load spoils a block or two, not the comparison)."""
+    import contextlib
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from distlab.collectives.agree import unchecked
+
+    device, dtype, sync = _set_up(rank, backend, dtype_name)
+
+    def modes(algorithm):  # (record's check key, header on?)
+        if algorithm == "builtin":
+            return [(None, True)]
+        if check == BOTH:
+            return [(True, True), (False, False)]
+        return [(None, bool(check))]
+
+    records = []
+    for size in sizes:
+        ops = {
+            a: _make_op(collective, a, size, world_size, dtype, device, ranks_per_node)
+            for a in algorithms
+        }
+        per_block = iters or _iterations(size)
+        blocks = {(a, key): [] for a in algorithms for key, _ in modes(a)}
+        for _ in range(ROUNDS):
+            for a, (_, op) in ops.items():
+                for key, header in modes(a):
+                    with contextlib.nullcontext() if header else unchecked():
+                        blocks[a, key].append(_time_op(op, per_block, sync))
+        times = torch.tensor(list(blocks.values()), dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # each block: the slowest rank's
+        for ((a, key), _), row in zip(blocks.items(), times.tolist()):
+            count = ops[a][0]
+            record = _record(
+                collective, a, world_size, backend, dtype_name, count * dtype.itemsize, count,
+                statistics.median(row),
+            )  # fmt: skip
+            if key is not None:
+                record["check"] = key
+            records.append(record)
+    return records
 
 
 def _record(collective, algorithm, n, backend, dtype_name, nbytes, count, seconds) -> dict:
@@ -255,6 +323,7 @@ def run_bench(
     ranks_per_node: int = 2,
     progress: bool = False,
     check: bool = True,
+    side_by_side: bool = False,
 ) -> list[dict]:
     """Benchmark and return records (dicts with the :class:`BenchRecord` fields).
 
@@ -262,6 +331,11 @@ def run_bench(
     collective exchanges first (for measuring its cost; built-ins have none);
     ``check="both"`` times each size both ways, in alternating blocks in the same processes,
     and gives two records per size, each with a ``check`` key (True: with the header).
+
+    ``side_by_side=True`` times every algorithm of a collective in one job per world size,
+    in alternating blocks, each time the median of its blocks (:func:`_side_by_side_worker`):
+    for comparing algorithms on a busy or noisy machine, where jobs run one after the other
+    can differ by more than the algorithms do.
 
     ``ranks_per_node`` is the node size the hierarchical all-reduces assume (ranks
     ``0..k-1`` form node 0, ...). ``progress=True`` shows a rich progress bar on stderr,
@@ -274,6 +348,19 @@ def run_bench(
     plan = _plan(list(world_sizes), list(collectives), list(algorithms or []), ranks_per_node)
     _check_memory(list(sizes), max(world_sizes, default=1), backend)
     records = []
+    if side_by_side:
+        jobs: dict[tuple[int, str], list[str]] = {}
+        for n, collective, algorithm in plan:
+            jobs.setdefault((n, collective), []).append(algorithm)
+        with progress_bar("distlab bench", total=len(jobs), enabled=progress) as bar:
+            for (n, collective), names in jobs.items():
+                bar.step(f"{collective}, {n} ranks, side by side")
+                args = (collective, names, list(sizes), dtype, iters, backend, ranks_per_node,
+                        check)  # fmt: skip
+                results = run(_side_by_side_worker, n, backend=backend, timeout=1800, args=args)
+                records.extend(results[0])
+                bar.advance()
+        return records
     with progress_bar("distlab bench", total=len(plan), enabled=progress) as bar:
         for n, collective, algorithm in plan:
             bar.step(f"{collective} {algorithm}, {n} ranks")
