@@ -228,17 +228,25 @@ def _traffic_worker(rank, world_size):
     import torch
 
     from distlab.collectives import count_traffic, ring_all_reduce
+    from distlab.collectives.agree import unchecked
 
     x = torch.ones(1200)
     with count_traffic() as traffic:
         ring_all_reduce(x)
-    return traffic.bytes_sent, traffic.by_schedule
+    with count_traffic() as without_header, unchecked():
+        ring_all_reduce(x)
+    return traffic, without_header
 
 
 def test_traffic_counter_sees_ring_bytes():
-    for sent, by_schedule in distlab.run(_traffic_worker, 4):
+    for traffic, without_header in distlab.run(_traffic_worker, 4):
+        sent = traffic.bytes_sent
         assert sent == 2 * 3 * 300 * 4  # 2(n-1) messages of N/n float32 elements
-        assert by_schedule == {"ring_all_reduce": sent}
+        assert traffic.by_schedule == {"ring_all_reduce": sent}
+        assert traffic.messages == 2 * 3
+        # the agreement header, counted apart: ceil(log2 4) = 2 rounds, one message each
+        assert traffic.header_messages == 2
+        assert (without_header.bytes_sent, without_header.header_messages) == (sent, 0)
 
 
 def test_collective_outside_a_process_group_says_how_to_start_one():

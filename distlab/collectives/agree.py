@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .buffers import SUPPORTED_DTYPES, Group, global_rank, group_info, op_name
+from .traffic import record_header
 
 _OPS = ("sum", "avg", "product", "max", "min")
 MAGIC = 0x64697374_6C616221  # "distlab!": a header, not some other message
@@ -177,6 +178,7 @@ def all_gather_headers(header: list[int], group: Group, device: torch.device) ->
             works = dist.batch_isend_irecv(ops)
         else:
             works = [dist.irecv(incoming, source, group), dist.isend(known[:count], target, group)]
+        record_header()
         for work in works:
             work.wait()
         distance *= 2

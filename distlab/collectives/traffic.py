@@ -1,8 +1,11 @@
 """Counting what this process sends through distlab's collectives (no torch needed).
 
-Both engines call :func:`record_sent` for every message they post;
-:func:`count_traffic` opens a counter around any code (one collective, a whole
-training step) and returns the bytes and messages this rank sent, by schedule.
+Both engines call :func:`record_sent` for every message they post, and the agreement
+check (:mod:`distlab.collectives.agree`) calls :func:`record_header` for each header
+message it sends; :func:`count_traffic` opens a counter around any code (one collective,
+a whole training step) and returns the bytes and messages this rank sent, by schedule,
+and, apart, the header messages (what the check costs in messages; their bytes are not
+in ``bytes_sent``, which counts the data the collectives move).
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Traffic:
-    """Bytes and messages this process sent inside :func:`count_traffic`."""
+    """Bytes and messages this process sent inside :func:`count_traffic`; the agreement
+    headers sent apart (``header_messages``)."""
 
     bytes_sent: int = 0
     messages: int = 0
     by_schedule: dict[str, int] = field(default_factory=dict)
+    header_messages: int = 0
 
     def add(self, other: Traffic) -> None:
         """Add ``other``'s counts to these."""
         self.bytes_sent += other.bytes_sent
         self.messages += other.messages
+        self.header_messages += other.header_messages
         for key, n in other.by_schedule.items():
             self.by_schedule[key] = self.by_schedule.get(key, 0) + n
 
@@ -63,3 +69,10 @@ def record_sent(schedule, nbytes: int) -> None:
         traffic.messages += 1
         key = f"{schedule.algorithm}_{schedule.collective}"
         traffic.by_schedule[key] = traffic.by_schedule.get(key, 0) + nbytes
+
+
+def record_header() -> None:
+    """Add one agreement header message this rank sent to the open counters (if any)."""
+    traffic = _traffic.get()
+    if traffic is not None:
+        traffic.header_messages += 1
