@@ -160,9 +160,8 @@ def all_gather_headers(header: list[int], group: Group, device: torch.device) ->
     cost through ``batch_isend_irecv``); NCCL needs them in one group call, or a ring of
     ranks each waiting for its receive would deadlock."""
     rank, n = group_info(group)
-    width = len(header)
-    known = torch.empty((n, width), dtype=torch.int64, device=device)
-    known[0] = torch.tensor(header, dtype=torch.int64)
+    # every row starts as this rank's header; rows 1.. are then received over it
+    known = torch.tensor([header] * n, dtype=torch.int64, device=device)
     batched = dist.get_backend(group) == "nccl"
     distance = 1
     while distance < n:
