@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import nbformat
@@ -19,7 +22,7 @@ from process_waits import gone
 from distlab.grading.forked_kernel import ForkedKernel, changes_its_environment
 from distlab.grading.mutants import Kernel
 from distlab.launch.starter import CAN_FORK
-from distlab.launch.template import hosting
+from distlab.launch.template import SOCKET_NAME, hosting, start_template, stop_template
 
 pytestmark = pytest.mark.skipif(not CAN_FORK, reason="templates fork: Linux only")
 SLOW = pytest.mark.slow  # each test starts kernels: 5-10 s
@@ -154,6 +157,48 @@ def test_a_killed_host_leaves_no_kernel(tmp_path):
     finally:
         host.kill()
         host.wait()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rpartition(")")[2].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@SLOW
+def test_no_kernel_is_forked_for_an_asker_that_has_gone(tmp_path):
+    """A grader stops waiting for the template's answer after a while (on a very busy
+    machine the template may still be importing torch) and starts the kernel the usual way.
+    The template, reaching that request later, must not fork a second kernel for it."""
+    folder = tempfile.mkdtemp(prefix="distlab-template-", dir="/tmp")  # short: a socket path
+    process = start_template(folder)
+    try:
+        path = os.path.join(folder, SOCKET_NAME)
+        cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", str(tmp_path / "kernel.json")]
+        request = json.dumps(["kernel", cmd, dict(os.environ), str(tmp_path)]).encode()
+        stdin_read, stdin_write = os.pipe()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as asker:
+            asker.connect(path)
+            socket.send_fds(asker, [request], [stdin_read, 1, 2])
+        # closed while the template still imports torch (seconds): the asker has gone
+        os.close(stdin_read), os.close(stdin_write)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+            probe.connect(path)  # answered after the request above: the template takes turns
+            hello = ["starter", {"OMP_NUM_THREADS": "not the template's"}, str(tmp_path)]
+            socket.send_fds(probe, [json.dumps(hello).encode()], [1, 2])
+            probe.settimeout(600)  # the template's import of torch, however busy the machine
+            answer = json.loads(probe.recv(4096))
+        assert answer[0] == "refused", answer
+        assert _children(process.pid) == [], "the template forked a kernel nobody waits for"
+    finally:
+        stop_template(process)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_which_notebooks_and_graders_fork_their_kernels(tmp_path):

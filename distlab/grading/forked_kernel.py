@@ -175,7 +175,9 @@ def fork_kernel(cmd: list[str], **kwargs) -> ForkedKernel | None:
         sock.connect(path)
         streams = [stdin_read, sys.__stdout__.fileno(), sys.__stderr__.fileno()]
         socket.send_fds(sock, [request], streams)
-        ready, _, _ = select.select([sock], [], [], 120)  # the template may still import
+        # the template may still import; a template that takes longer (a very busy machine)
+        # sees this end closed and forks nothing: the kernel then starts the usual way
+        ready, _, _ = select.select([sock], [], [], 120)
         message, fds, _, _ = socket.recv_fds(sock, 4096, 1) if ready else (b"", [], 0, None)
         answer = json.loads(message or b"null")
     except (OSError, ValueError, AttributeError):

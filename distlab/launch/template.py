@@ -47,6 +47,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -217,6 +218,8 @@ def _fork_kernel(no_kernels, request, fds, mine, conn, inherited) -> int | None:
     why = no_kernels or kernel_child.refusal(cmd, env, mine)
     if why is None and len(fds) != 3:
         why = f"{len(fds)} standard streams given, not 3"
+    if why is None and _hung_up(conn):
+        why = "the asker has gone"  # it stopped waiting (a busy machine): it starts its own
     if why is not None:
         _answer(conn, ["refused", why])
         return None
@@ -240,9 +243,19 @@ def _fork_kernel(no_kernels, request, fds, mine, conn, inherited) -> int | None:
     pidfd = os.pidfd_open(pid)  # before this loop may reap it: it can only name the kernel
     try:
         socket.send_fds(conn, [json.dumps(["forked", pid]).encode()], [pidfd])
+    except OSError:  # the asker left meanwhile and starts a kernel of its own: not two
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        raise
     finally:
         os.close(pidfd)
     return pid
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the other end of ``conn`` has closed (its request may still be queued)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLRDHUP)
+    return any(events & (select.POLLRDHUP | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _remove_socket(listener: socket.socket) -> None:
