@@ -31,9 +31,11 @@ def test_busbw_factors_are_the_nccl_tests_ones():
     assert busbw_factor("broadcast", 8) == 1
 
 
-def test_bench_cli_json_on_two_ranks(capsys):
+@pytest.mark.parametrize("mode", [[], ["--side-by-side"]], ids=["job-each", "side-by-side"])
+def test_bench_cli_json_on_two_ranks(capsys, mode):
     code = main(["bench", "--world-sizes", "2", "--sizes", "4KiB", "--iters", "2",
-                 "--collectives", "all_reduce,all_gather", "--algorithms", "builtin,ring", "--json"])
+                 "--collectives", "all_reduce,all_gather", "--algorithms", "builtin,ring", "--json",
+                 *mode])
     assert code == 0
     records = json.loads(capsys.readouterr().out)
     assert {(r["collective"], r["algorithm"]) for r in records} == {

@@ -458,6 +458,12 @@ def register(subparsers) -> None:
         "--iters", type=int, default=None, help="timed iterations per point (default: by size)"
     )
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="time the algorithms of a world size in one job, alternating, median of "
+        f"{ROUNDS} rounds (to compare them on a busy or noisy machine)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON records instead of tables")
     p.set_defaults(func=_main)
 
@@ -480,6 +486,7 @@ def _main(args) -> int:
         backend=args.backend,
         ranks_per_node=args.ranks_per_node,
         progress=sys.stderr.isatty() and not args.json,
+        side_by_side=args.side_by_side,
     )
     if args.json:
         print(json.dumps(records, indent=1))
