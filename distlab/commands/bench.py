@@ -223,9 +223,8 @@ def _side_by_side_worker(
 ):  # fmt: skip
     """Runs on every rank: every algorithm of ``algorithms`` at each size, in the same
     processes, timed in :data:`ROUNDS` rounds; each round times one block (``iters`` calls)
-    of each
-    algorithm in turn (and, with ``check=BOTH``, each of distlab's with and without the
-    header), so a change in the machine's load during the run shifts all of them alike.
+    of each algorithm in turn (and, with ``check=BOTH``, each of distlab's with and without
+    the header), so a change in the machine's load during the run shifts all of them alike.
     A block's time is the slowest rank's; an algorithm's time is the median of its
     blocks' (a burst of load spoils a block or two, not the comparison)."""
     import contextlib
@@ -339,7 +338,8 @@ def run_bench(
 
     ``ranks_per_node`` is the node size the hierarchical all-reduces assume (ranks
     ``0..k-1`` form node 0, ...). ``progress=True`` shows a rich progress bar on stderr,
-    one tick per (world size, collective, algorithm).
+    one tick per (world size, collective, algorithm), or per (world size, collective)
+    side by side.
     """
 
     positive_int("ranks_per_node", ranks_per_node)

@@ -25,7 +25,7 @@ import runpy
 import signal
 import sys
 
-from .starter import _read_at_import, differing
+from .starter import _read_at_import, import_refusal
 
 #: The command a forked kernel stands for: ``<this python> -m ipykernel_launcher ...``.
 LAUNCHER = ["-m", "ipykernel_launcher"]
@@ -55,10 +55,7 @@ def refusal(cmd: list[str], env: dict[str, str], loaded_with: dict[str, str]) ->
         return f"not an ipykernel launch: {cmd[1:3]}"
     if not hasattr(os, "pidfd_open"):
         return "no pidfd on this system"
-    changed = differing(_read_at_import(env), loaded_with)
-    if changed:
-        return f"variables read at import differ: {changed}"
-    return None
+    return import_refusal(_read_at_import(env), loaded_with)
 
 
 def become_kernel(cmd: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> None:

@@ -66,9 +66,13 @@ def _read_at_import(environment=None) -> dict[str, str]:
     return {k: v for k, v in environment.items() if k.startswith(READ_AT_IMPORT)}
 
 
-def differing(one: dict[str, str], other: dict[str, str]) -> list[str]:
-    """The names whose values differ between two sets of variables, sorted."""
-    return sorted(k for k in {*one, *other} if one.get(k) != other.get(k))
+def import_refusal(variables: dict[str, str], loaded_with: dict[str, str]) -> str | None:
+    """Why a fork of a process whose variables read at import were ``loaded_with`` would not
+    be the import ``variables`` ask for (the names whose values differ), or None."""
+    changed = sorted(
+        k for k in {*variables, *loaded_with} if variables.get(k) != loaded_with.get(k)
+    )
+    return f"variables read at import differ: {changed}" if changed else None
 
 
 #: Set by a process that hosts many kernels (:mod:`distlab.launch.template`): the path of

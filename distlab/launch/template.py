@@ -61,9 +61,9 @@ from .starter import (
     PRELOADED,
     TEMPLATE_ENV_VAR,
     _read_at_import,
-    differing,
     ended_children,
     forget_sigchld,
+    import_refusal,
     serve,
     wake_on_sigchld,
 )
@@ -188,9 +188,11 @@ def main(fd: int) -> None:
                     conn = None  # kept open: the kernel's exit code goes there
             else:
                 _, variables, cwd = request
-                if variables != mine or len(fds) != 2:
-                    changed = differing(variables, mine)
-                    _answer(conn, ["refused", f"variables read at import differ: {changed}"])
+                why = import_refusal(variables, mine)
+                if why is None and len(fds) != 2:
+                    why = f"{len(fds)} standard streams given, not 2"
+                if why is not None:
+                    _answer(conn, ["refused", why])
                 elif os.fork() == 0:
                     _close_kernel_sockets(kernels)
                     _become_starter(listener, (wake_read, wake_write), conn, fds, cwd)
