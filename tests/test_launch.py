@@ -367,13 +367,41 @@ def test_ctrl_c_stops_the_job_and_its_workers(tmp_path, pool):
 
 
 def _read_line_within(process, seconds: float) -> str:
-    """The next stdout line of ``process``, or fail after ``seconds``."""
+    """The next stdout line of ``process``, or fail after ``seconds``. Read from the pipe a
+    byte at a time: a buffered ``readline()`` may take the lines after it too, and a later
+    ``communicate()``, which reads the pipe itself, would never see them."""
     import selectors
 
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + seconds
+    line = b""
     with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        assert selector.select(timeout=seconds), f"no output within {seconds} s"
-    return process.stdout.readline()
+        selector.register(fd, selectors.EVENT_READ)
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            assert left > 0 and selector.select(timeout=left), f"no output within {seconds} s"
+            byte = os.read(fd, 1)
+            if not byte:  # the process closed its stdout
+                break
+            line += byte
+    return line.decode()
+
+
+def test_the_first_line_is_read_without_taking_the_lines_after_it():
+    """The Ctrl+C test reads the script's first line, then the rest with ``communicate()``,
+    which reads the pipe itself. On a loaded machine the script has often printed its last
+    line, and ended, before the test reads its first: a buffered ``readline()`` then took
+    both lines, and ``communicate()`` returned nothing (both Ctrl+C tests failed so, with an
+    empty stdout, in a whole-suite run beside four busy processes)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "print('first'); print('second')"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process.wait()  # both lines are in the pipe before the first is read
+    assert _read_line_within(process, 60) == "first\n"
+    assert process.communicate() == ("second\n", "")
 
 
 @pytest.mark.slow  # starts a fresh pool of workers: 6-8 s on 2 cores
