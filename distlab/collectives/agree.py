@@ -222,18 +222,19 @@ def check_agreement(
     """
     explain = explain or explain_tensor
     rank, n = group_info(group)
+    own_row = [problem, op_code, *sizes]  # every rank's row, when they all agree
     if n == 1 or not _CHECKING.get():
         if problem:
             raise ValueError(f"{name}: rank {rank}: {PROBLEMS[problem]}")
         if n > 1 and not same_on_all_ranks:
             raise ValueError(f"{name} needs the other ranks' sizes: it cannot run unchecked()")
-        return [[problem, op_code, *sizes]] * n
+        return [own_row] * n
     header = pack_header(name, problem, op_code, sizes, n)
     raw = all_gather_headers(header, group, device)
     if not problem and all(row == header for row in raw):
         # the usual case: every rank sent exactly this rank's header, so every check
         # below passes; the rest of this function only says what differs
-        return [[problem, op_code, *sizes]] * n
+        return [own_row] * n
     headers = [unpack_header(row) for row in raw]
     _check_same_collective(name, headers)
     rows = [[problem_r, op_r, *sizes_r] for _, problem_r, op_r, sizes_r in headers]
